@@ -1,0 +1,194 @@
+"""Discovery and selection of backends (internal; the public verbs are in agoq_core.backend).
+
+Selection rule (design.md): ``AGOQ_BACKEND`` names one backend and never falls back; unset, the one
+available accelerator backend wins, none means ``reference``, several is an error.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+
+import pluggy
+
+from agoq_core.backend import hookspec
+from agoq_core.backend.protocol import Backend
+from agoq_core.backend.types import Availability, BackendInfo
+from agoq_core.errors import (
+    AmbiguousBackendError,
+    BackendNotFoundError,
+    BackendUnavailableError,
+    PluginError,
+)
+
+log = logging.getLogger("agoq")
+
+ENV_VAR = "AGOQ_BACKEND"
+FALLBACK = "reference"
+
+
+@dataclass(frozen=True, slots=True)
+class BrokenPlugin:
+    """An entry point that failed to import or whose hook raised or returned garbage."""
+
+    name: str
+    distribution: str
+    error: str
+
+
+@dataclass(slots=True)
+class Registry:
+    infos: dict[str, BackendInfo] = field(default_factory=dict)
+    broken: list[BrokenPlugin] = field(default_factory=list)
+    duplicates: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    name: str
+    how: str  # "env" or "auto"
+    reason: str
+
+
+def _collect(plugin: object, plugin_name: str, dist: str, reg: Registry) -> None:
+    try:
+        infos = plugin.agoq_backends()  # type: ignore[attr-defined]
+        infos = list(infos or [])
+        for info in infos:
+            if not isinstance(info, BackendInfo):
+                raise PluginError(f"agoq_backends() returned {type(info).__name__}, expected BackendInfo")
+    except Exception as exc:  # a broken plugin is reported by name and does not break the others
+        reg.broken.append(BrokenPlugin(plugin_name, dist, f"{type(exc).__name__}: {exc}"))
+        return
+    for info in infos:
+        if not info.distribution:
+            object.__setattr__(info, "distribution", dist)
+        if info.name in reg.infos:
+            reg.duplicates.setdefault(info.name, [reg.infos[info.name].distribution]).append(info.distribution)
+            continue
+        reg.infos[info.name] = info
+
+
+@functools.cache
+def registry() -> Registry:
+    """Load every ``agoq.backends`` entry point once per process (cached)."""
+    pm = pluggy.PluginManager(hookspec.PROJECT)
+    pm.add_hookspecs(hookspec.AgoqSpecs)
+    reg = Registry()
+    from agoq_core.backend import reference
+
+    pm.register(reference, name="reference")
+    _collect(reference, "reference", "agoq", reg)
+    for ep in sorted(entry_points(group=hookspec.ENTRY_POINT_GROUP), key=lambda e: e.name):
+        dist = getattr(getattr(ep, "dist", None), "name", "") or "?"
+        if ep.name == "reference":
+            reg.broken.append(BrokenPlugin(ep.name, dist, "the name 'reference' is reserved for the built-in backend"))
+            continue
+        try:
+            plugin = ep.load()
+            pm.register(plugin, name=ep.name)
+        except Exception as exc:
+            reg.broken.append(BrokenPlugin(ep.name, dist, f"{type(exc).__name__}: {exc}"))
+            continue
+        _collect(plugin, ep.name, dist, reg)
+    return reg
+
+
+def _installed_summary(reg: Registry) -> str:
+    lines = [f"  {n} (from {i.distribution})" for n, i in sorted(reg.infos.items())]
+    lines += [f"  {b.name} (from {b.distribution}) BROKEN: {b.error}" for b in reg.broken]
+    return "\n".join(lines)
+
+
+def probe(info: BackendInfo) -> Availability:
+    try:
+        res = info.probe()
+        if not isinstance(res, Availability):
+            return Availability(False, f"probe returned {type(res).__name__}, expected Availability")
+        return res
+    except Exception as exc:  # a probe must never take the process down
+        return Availability(False, f"probe raised {type(exc).__name__}: {exc}")
+
+
+def _check_duplicates(reg: Registry, name: str) -> None:
+    if name in reg.duplicates:
+        raise PluginError(
+            f"backend name {name!r} is provided by several distributions: "
+            f"{', '.join(reg.duplicates[name])}; uninstall all but one"
+        )
+
+
+@functools.cache
+def selection() -> Selection:
+    """Which backend this process uses and why (cached; logged once)."""
+    reg = registry()
+    wanted = os.environ.get(ENV_VAR, "").strip()
+    if wanted:
+        name = wanted.lower()
+        if name not in reg.infos:
+            broken = [b for b in reg.broken if b.name == name]
+            if broken:
+                raise BackendNotFoundError(
+                    f"{ENV_VAR}={wanted!r}: the plugin is installed but failed to load: {broken[0].error}"
+                )
+            raise BackendNotFoundError(
+                f"{ENV_VAR}={wanted!r} is not an installed backend. Installed backends:\n"
+                f"{_installed_summary(reg)}\nUnset {ENV_VAR} to auto-select, or install the plugin."
+            )
+        _check_duplicates(reg, name)
+        info = reg.infos[name]
+        av = probe(info)
+        if not av.ok:
+            hint = f"\nFix: {info.install_hint}" if info.install_hint else ""
+            raise BackendUnavailableError(f"{ENV_VAR}={wanted!r} cannot run here: {av.reason}{hint}")
+        sel = Selection(name, "env", f"{ENV_VAR}={wanted} ({av.reason})")
+    else:
+        available = []
+        for name, info in sorted(reg.infos.items()):
+            if info.accelerator:
+                av = probe(info)
+                if av.ok:
+                    available.append((info, av))
+        if len(available) > 1:
+            names = ", ".join(f"{i.name} ({a.reason})" for i, a in available)
+            raise AmbiguousBackendError(
+                f"several accelerator backends are available: {names}. Set {ENV_VAR} to one of them."
+            )
+        if available:
+            info, av = available[0]
+            _check_duplicates(reg, info.name)
+            sel = Selection(info.name, "auto", f"the only available accelerator backend ({av.reason})")
+        else:
+            sel = Selection(FALLBACK, "auto", "no accelerator backend is available; using the pure-torch reference")
+    log.info("agoq: using backend %r (%s)", sel.name, sel.reason)
+    return sel
+
+
+@functools.cache
+def load(name: str) -> Backend:
+    """Instantiate backend ``name`` (cached). Explicit: probes it and fails loudly if unavailable."""
+    reg = registry()
+    if name not in reg.infos:
+        raise BackendNotFoundError(f"backend {name!r} is not installed. Installed backends:\n{_installed_summary(reg)}")
+    _check_duplicates(reg, name)
+    info = reg.infos[name]
+    av = probe(info)
+    if not av.ok:
+        hint = f"\nFix: {info.install_hint}" if info.install_hint else ""
+        raise BackendUnavailableError(f"backend {name!r} cannot run here: {av.reason}{hint}")
+    try:
+        backend = info.load()
+    except Exception as exc:
+        raise PluginError(f"backend {name!r} (from {info.distribution}) failed to load: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(backend, Backend):
+        raise PluginError(f"backend {name!r}: load() returned {type(backend).__name__}, which lacks the Backend protocol")
+    return backend
+
+
+def reset() -> None:
+    """Forget cached discovery/selection (tests, or after changing AGOQ_BACKEND in-process)."""
+    registry.cache_clear()
+    selection.cache_clear()
+    load.cache_clear()

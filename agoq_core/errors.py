@@ -1,0 +1,50 @@
+"""Exceptions raised by agoq. Every message says what was asked, what was found, and the fix."""
+from __future__ import annotations
+
+__all__ = [
+    "AgoqError",
+    "FormatError",
+    "BackendError",
+    "BackendNotFoundError",
+    "BackendUnavailableError",
+    "AmbiguousBackendError",
+    "PluginError",
+    "CapabilityError",
+    "NonFiniteError",
+]
+
+
+class AgoqError(Exception):
+    """Base class of every error agoq raises on purpose."""
+
+
+class FormatError(AgoqError, ValueError):
+    """Unknown format name, bad block size, or a tensor the format cannot take."""
+
+
+class BackendError(AgoqError, RuntimeError):
+    """Base class for backend selection and dispatch problems."""
+
+
+class BackendNotFoundError(BackendError):
+    """AGOQ_BACKEND (or an explicit request) names a backend that is not installed."""
+
+
+class BackendUnavailableError(BackendError):
+    """The backend is installed but its probe says it cannot run here (with the reason and a fix)."""
+
+
+class AmbiguousBackendError(BackendError):
+    """Several accelerator backends are available and none was chosen explicitly."""
+
+
+class PluginError(BackendError):
+    """A plugin failed to import, returned malformed records, or clashes with another plugin."""
+
+
+class CapabilityError(BackendError, NotImplementedError):
+    """The selected backend does not claim the capability that was asked for."""
+
+
+class NonFiniteError(AgoqError, FloatingPointError):
+    """A tensor that must be finite (e.g. a gradient before the optimizer step) holds NaN or Inf."""
