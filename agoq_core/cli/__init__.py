@@ -1,0 +1,1 @@
+"""The ``agoq`` command. Each subcommand lives in its own module with ``register(subparsers)``."""
