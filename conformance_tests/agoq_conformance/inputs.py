@@ -1,0 +1,78 @@
+"""Deterministic conformance inputs: the value classes every codec must get bit-exactly right.
+
+Each generator returns an fp32 tensor; the golden builder stores it (and its bf16/fp16 casts), so
+backends never regenerate inputs: they read the same bytes from the golden file.
+"""
+from __future__ import annotations
+
+import torch
+
+from agoq_core.formats import reference as ref
+from agoq_core.formats.spec import FP4_E2M1_LEVELS, FormatSpec
+
+__all__ = ["value_classes", "tie_values"]
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def tie_values(spec: FormatSpec, block: int) -> torch.Tensor:
+    """Blocks whose scaled values sit exactly on rounding ties (and +-1 ulp around them).
+
+    The first element of each block is qmax * s with s a power of two, so the scale is exactly s and
+    x / scale is exact: every listed value is a true tie of the format's code.
+    """
+    if spec.kind == "int":
+        mags = [k + 0.5 for k in range(int(spec.qmax))]
+    elif spec.kind == "fp4_e2m1":
+        lv = FP4_E2M1_LEVELS
+        mags = [(lv[i] + lv[i + 1]) / 2 for i in range(len(lv) - 1)]
+    elif spec.kind == "nf4":
+        mags = [abs(t) for t in ref.nf4_thresholds()]
+    else:  # fp8: midpoints between neighbouring representable values, incl. subnormal ones
+        table = ref.decode_table(spec)
+        pos = torch.sort(table[(table > 0) & torch.isfinite(table)]).values
+        mids = ((pos[:-1].double() + pos[1:].double()) / 2).float()
+        step = max(1, mids.numel() // 96)
+        mags = mids[::step].tolist()
+    t = torch.tensor(mags, dtype=torch.float32)
+    t = torch.cat([t, -t, torch.nextafter(t, torch.full_like(t, 1e9)), torch.nextafter(t, torch.zeros_like(t))])
+    out = []
+    for s in (1.0, 2.0**-7, 2.0**9):
+        vals = t * s
+        for i in range(0, vals.numel(), block - 1):
+            chunk = vals[i:i + block - 1]
+            blk = torch.zeros(block)
+            blk[0] = spec.qmax * s
+            blk[1:1 + chunk.numel()] = chunk
+            out.append(blk)
+    return torch.cat(out)
+
+
+def value_classes(spec: FormatSpec, block: int, seed: int) -> dict[str, torch.Tensor]:
+    """name -> flat fp32 input. Sizes are deliberately not multiples of the block (ragged tails)."""
+    g = _gen(seed)
+    f32 = torch.finfo(torch.float32)
+    gauss = torch.randn(3 * block + 37, generator=g)
+    # heavy-tailed: a Gaussian divided by a uniform (Cauchy-like tails, outliers up to ~1e3 sigma)
+    heavy = torch.randn(2 * block + 5, generator=g) / torch.rand(2 * block + 5, generator=g).clamp_min(1e-3)
+    special = torch.cat([
+        torch.zeros(block),                                       # all-zero block
+        torch.tensor([f32.max, -f32.max, 1.0, -0.0] + [0.0] * (block - 4)),    # +-max fp32
+        torch.full((block,), f32.tiny) * torch.arange(block),     # tiny normals
+        torch.tensor([f32.tiny / 4, -f32.tiny / 2, 1e-40, 3.0] + [1e-30] * (block - 4)),  # subnormals
+        torch.cat([torch.randn(block - 1, generator=g), torch.tensor([float("nan")])]),   # NaN block
+        torch.cat([torch.tensor([float("inf")]), torch.randn(block - 1, generator=g)]),   # Inf block
+        torch.cat([torch.tensor([-float("inf")]), torch.zeros(block - 1)]),
+        torch.cat([torch.randn(block - 1, generator=g) * 1e-3, torch.tensor([1e4])]),    # one outlier
+        torch.tensor([65504.0, 70000.0, -1e5, 3.0e38, 1e-8, 6e-5, 5.9e-8, 2.0]),         # fp16-overflow etc.
+    ])
+    return {
+        "gauss": gauss,
+        "heavy": heavy,
+        "ties": tie_values(spec, block),
+        "special": special,
+        "single": torch.tensor([-2.75]),
+        "tail7": torch.randn(7, generator=g) * 3,
+    }
