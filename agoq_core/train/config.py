@@ -1,0 +1,240 @@
+"""The configuration of an ``agoq train`` run: one frozen, keyword-only, validated dataclass.
+
+Values come from three layers, later ones winning: the defaults below, a ``--config`` file
+(JSON, TOML or YAML, keys named like the fields), and command-line flags.
+
+The defaults are sized so that the whole comparison (two arms) finishes in a few minutes on a
+2-core CPU: see docs/training.md for the measured times.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agoq_core.errors import AgoqError
+
+__all__ = ["TrainConfig", "ConfigError", "ABLATIONS", "load_config_file", "config_from_dict"]
+
+
+class ConfigError(AgoqError, ValueError):
+    """A training option has a bad value, or a config file cannot be read."""
+
+
+# Ablation arms that ``--ablation`` can add next to the baseline and AGoQ arms (each one an extra arm,
+# trained on the same seed and data order). The meaning of each is implemented in agoq_core/train/arms.py.
+ABLATIONS: dict[str, str] = {
+    "uniform4-attn": "every saved activation, attention core included, at 4 bits (the paper: does not converge)",
+    "naive-fp8-allreduce": "FP8 gradients reduced the FP8-LM way: one shared scale, low-precision sum",
+    "int8-everywhere": "every saved activation (attention included) at int8 and int8 gradients",
+}
+
+_DEVICES_HINT = "'auto', 'cpu', or an accelerator type torch knows ('cuda', 'npu', 'xpu', 'mps', ...)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """Everything that defines a run. ``agoq train --help`` documents each field."""
+
+    # what is trained
+    model: str = "tiny"
+    seq_len: int = 128
+    micro_batch: int = 8            # sequences per micro-batch per data-parallel rank
+    grad_accum: int = 1             # micro-batches per optimizer step
+    steps: int = 150                # optimizer steps per arm
+    seed: int = 0
+    # optimisation (same for every arm)
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1       # cosine decay from lr to lr * min_lr_ratio
+    warmup_steps: int = 15
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0          # clip the global gradient norm (0 disables)
+    optimizer: str = "adamw"        # baseline's optimizer: adamw (fp32 states)
+    agoq_optimizer: str = "adamw"   # AGoQ arm's optimizer: adamw or adamw8bit (bitsandbytes, the paper's "O")
+    # arms
+    baseline: bool = True
+    agoq: bool = True
+    ablations: tuple[str, ...] = ()
+    # hardware and parallelism
+    device: str = "auto"
+    dtype: str = "auto"             # fp32 on CPU, bf16 (autocast, fp32 master weights) on accelerators
+    nproc: int = 1                  # data-parallel processes
+    pp: int = 1                     # pipeline stages (needs nproc == pp * dp)
+    pp_microbatches: int = 0        # micro-batches per pipeline step; 0 = 2 * pp
+    pp_schedule: str = "1f1b"
+    threads: int = 0                # torch threads per process; 0 = cores / processes
+    # evaluation and output
+    eval_every: int = 25
+    eval_tokens: int = 16384
+    out_dir: str = "runs"
+    run_name: str = ""              # sub-folder of out_dir; "" = a timestamp
+    plot: bool = True
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        from agoq_core.train.models import MODEL_SIZES
+
+        if self.model not in MODEL_SIZES:
+            raise ConfigError(f"unknown model size {self.model!r}; choose one of {sorted(MODEL_SIZES)}")
+        for name in ("seq_len", "micro_batch", "grad_accum", "steps", "nproc", "pp", "eval_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+        for name in ("warmup_steps", "eval_every", "threads", "pp_microbatches", "seed"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"{name} must be an integer >= 0, got {v!r}")
+        if self.warmup_steps >= self.steps and self.steps > 1:
+            raise ConfigError(f"warmup_steps ({self.warmup_steps}) must be smaller than steps ({self.steps})")
+        if not (isinstance(self.lr, (int, float)) and self.lr > 0):
+            raise ConfigError(f"lr must be a positive number, got {self.lr!r}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
+        if self.weight_decay < 0 or self.grad_clip < 0:
+            raise ConfigError(f"weight_decay and grad_clip must be >= 0, got {self.weight_decay}, {self.grad_clip}")
+        if self.optimizer != "adamw":
+            raise ConfigError(f"optimizer must be 'adamw' (the baseline a user would run), got {self.optimizer!r}")
+        if self.agoq_optimizer not in ("adamw", "adamw8bit"):
+            raise ConfigError(f"agoq_optimizer must be 'adamw' or 'adamw8bit', got {self.agoq_optimizer!r}")
+        if isinstance(self.ablations, str) or not isinstance(self.ablations, tuple):
+            raise ConfigError(f"ablations must be a tuple of names, got {self.ablations!r}")
+        for a in self.ablations:
+            if a not in ABLATIONS:
+                raise ConfigError(f"unknown ablation {a!r}; choose from {sorted(ABLATIONS)}")
+        if len(set(self.ablations)) != len(self.ablations):
+            raise ConfigError(f"ablation listed twice: {list(self.ablations)}")
+        if not (self.baseline or self.agoq or self.ablations):
+            raise ConfigError("nothing to train: baseline and agoq are both off and no ablation was given")
+        if not isinstance(self.device, str) or not self.device:
+            raise ConfigError(f"device must be {_DEVICES_HINT}, got {self.device!r}")
+        if self.dtype not in ("auto", "fp32", "bf16"):
+            raise ConfigError(f"dtype must be 'auto', 'fp32' or 'bf16', got {self.dtype!r}")
+        if self.nproc % self.pp:
+            raise ConfigError(
+                f"nproc ({self.nproc}) must be a multiple of pp ({self.pp}): nproc = pp * data-parallel size"
+            )
+        if self.pp_schedule not in ("gpipe", "1f1b", "interleaved-1f1b"):
+            raise ConfigError(f"pp_schedule must be gpipe, 1f1b or interleaved-1f1b, got {self.pp_schedule!r}")
+        if self.pp > 1 and self.pp_microbatches and self.pp_microbatches < self.pp:
+            raise ConfigError(f"pp_microbatches ({self.pp_microbatches}) must be >= pp ({self.pp})")
+        if self.pp > 1 and self.micro_batch % self.num_pp_microbatches:
+            raise ConfigError(
+                f"micro_batch ({self.micro_batch}) must divide into pp_microbatches "
+                f"({self.num_pp_microbatches}) equal pipeline micro-batches"
+            )
+
+    # derived quantities
+    @property
+    def dp(self) -> int:
+        return self.nproc // self.pp
+
+    @property
+    def num_pp_microbatches(self) -> int:
+        return self.pp_microbatches or 2 * self.pp
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens consumed by one optimizer step, all data-parallel ranks together."""
+        return self.seq_len * self.micro_batch * self.grad_accum * self.dp
+
+    @property
+    def arms(self) -> tuple[str, ...]:
+        return (("baseline",) if self.baseline else ()) + (("agoq",) if self.agoq else ()) + self.ablations
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["ablations"] = list(self.ablations)
+        return d
+
+    def replace(self, **changes: Any) -> "TrainConfig":
+        return config_from_dict({**self.to_dict(), **changes})
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def config_from_dict(values: dict[str, Any], *, source: str = "options") -> TrainConfig:
+    """Build a TrainConfig from plain values (a parsed file or flags), with clear errors for typos."""
+    clean: dict[str, Any] = {}
+    for key, v in values.items():
+        name = key.replace("-", "_")
+        if name not in _FIELDS:
+            close = [f for f in _FIELDS if f.startswith(name[:3])]
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{source}: unknown option {key!r}{hint}; known options: {sorted(_FIELDS)}")
+        if name == "ablations":
+            v = _as_ablations(v, source)
+        elif _FIELDS[name].type == "float" and isinstance(v, str):
+            try:  # PyYAML reads 1e-3 (no dot) as a string
+                v = float(v)
+            except ValueError:
+                raise ConfigError(f"{source}: {name} must be a number, got {v!r}") from None
+        elif _FIELDS[name].type in ("int", "float") and not isinstance(v, (int, float)) or (
+                _FIELDS[name].type in ("int", "float") and isinstance(v, bool)):
+            raise ConfigError(f"{source}: {name} must be a number, got {v!r}")
+        elif _FIELDS[name].type == "bool" and not isinstance(v, bool):
+            raise ConfigError(f"{source}: {name} must be true or false, got {v!r}")
+        elif _FIELDS[name].type == "str" and not isinstance(v, str):
+            raise ConfigError(f"{source}: {name} must be a string, got {v!r}")
+        clean[name] = v
+    try:
+        return TrainConfig(**clean)
+    except TypeError as exc:  # e.g. a string where a number is needed, from a config file
+        raise ConfigError(f"{source}: {exc}") from exc
+
+
+def _as_ablations(v: Any, source: str) -> tuple[str, ...]:
+    if v is None:
+        return ()
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, (list, tuple)):
+        raise ConfigError(f"{source}: ablations must be a list of names, got {v!r}")
+    out: list[str] = []
+    for item in v:
+        out += [p.strip() for p in str(item).split(",") if p.strip()]
+    return tuple(out)
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a config file into a dict: ``.json``, ``.toml`` or ``.yaml``/``.yml``.
+
+    A TOML or YAML file may put the options at the top level or under a ``[train]`` / ``train:`` table.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist")
+    text = p.read_text(encoding="utf-8")
+    suffix = p.suffix.lower()
+    try:
+        if suffix == ".json":
+            data = json.loads(text)
+        elif suffix == ".toml":
+            try:
+                import tomllib
+            except ModuleNotFoundError:  # Python 3.10
+                try:
+                    import tomli as tomllib  # type: ignore[no-redef]
+                except ModuleNotFoundError as exc:
+                    raise ConfigError("reading TOML on Python 3.10 needs `pip install tomli`; "
+                                      "or use a .json or .yaml config") from exc
+            data = tomllib.loads(text)
+        elif suffix in (".yaml", ".yml"):
+            try:
+                import yaml
+            except ModuleNotFoundError as exc:
+                raise ConfigError("reading YAML needs PyYAML (`pip install pyyaml`); or use .json/.toml") from exc
+            data = yaml.safe_load(text)
+        else:
+            raise ConfigError(f"config file {str(p)!r}: unknown extension {suffix!r}; use .json, .toml or .yaml")
+    except ConfigError:
+        raise
+    except Exception as exc:  # the parser's own message says where the syntax error is
+        raise ConfigError(f"config file {str(p)!r} could not be parsed: {exc}") from exc
+    if isinstance(data, dict) and set(data) == {"train"} and isinstance(data["train"], dict):
+        data = data["train"]
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(p)!r} must hold a mapping of options, got {type(data).__name__}")
+    return data
