@@ -1,0 +1,63 @@
+"""The `agoq` command as users run it (subprocess, real entry points)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def agoq(*args, env=None, check=True):
+    e = {k: v for k, v in os.environ.items() if k != "AGOQ_BACKEND"}
+    e.update(env or {})
+    out = subprocess.run([sys.executable, "-m", "agoq_core.cli.main", *args], capture_output=True, text=True,
+                         env=e, timeout=600)
+    if check and out.returncode != 0:
+        raise AssertionError(f"agoq {' '.join(args)} exited {out.returncode}:\n{out.stdout}\n{out.stderr}")
+    return out
+
+
+def test_backends_shows_reference_selected_with_reason():
+    out = agoq("backends").stdout
+    assert "*reference" in out
+    assert "selected: reference (auto: no accelerator backend is available" in out
+    data = json.loads(agoq("backends", "--json").stdout)
+    assert data["selected"]["name"] == "reference"
+
+
+def test_unknown_backend_fails_and_lists_installed():
+    out = agoq("backends", env={"AGOQ_BACKEND": "nope"}, check=False)
+    assert out.returncode == 2
+    assert "AGOQ_BACKEND='nope' is not an installed backend" in out.stderr
+    assert "reference (from agoq)" in out.stderr
+
+
+def test_formats_table_and_json():
+    data = json.loads(agoq("formats", "--json", "--numel", "8192").stdout)
+    rows = {r["format"]: r for r in data["formats"]}
+    assert rows["int4"]["bits_per_element"] == 4.25
+    assert rows["int8"]["sqnr_gauss_db"] > rows["int6"]["sqnr_gauss_db"] > rows["int5"]["sqnr_gauss_db"] > rows["int4"]["sqnr_gauss_db"]
+    assert "SQNR" in agoq("formats", "--numel", "4096").stdout
+
+
+def test_conformance_run_and_compare_catches_one_changed_case(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    out = agoq("conformance", "run", "--backend", "reference", "--report", str(a), "-q")
+    assert "pass=675" in out.stdout
+    agoq("conformance", "run", "--backend", "reference", "--report", str(b), "-q", "--select", "*")
+    assert agoq("conformance", "compare", str(a), str(b)).returncode == 0
+    rep = json.loads(b.read_text())
+    victim = rep["cases"][123]
+    victim["output_sha256"] = "0" * 64
+    b.write_text(json.dumps(rep))
+    res = agoq("conformance", "compare", str(a), str(b), check=False)
+    assert res.returncode == 1
+    assert victim["id"] in res.stderr and "1 case(s) differ" in res.stderr
+
+
+def test_help_lists_subcommands():
+    out = agoq("--help").stdout
+    for cmd in ("backends", "formats", "conformance"):
+        assert cmd in out
