@@ -1,0 +1,1 @@
+"""DBCA-PP planner: pipeline-stage-aware activation formats (filled in as the package grows)."""
