@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Set up (if needed) and run every test CI runs, on CPU:
+#   1. core, plugin and conformance tests against the reference backend;
+#   2. the conformance suite against the Triton kernels of each plugin under TRITON_INTERPRET=1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+VENV=${AGOQ_VENV:-.venv}
+PYTEST=("$VENV/bin/python" -m pytest -q -p no:cacheprovider)
+export TRITON_INTERPRET=1   # Triton kernels run on CPU tensors; must be set before any @triton.jit runs
+export PYTHONHASHSEED=0
+"${PYTEST[@]}" tests conformance_tests $(ls -d backends/*/tests 2>/dev/null) --agoq-backend reference
+for b in cuda ascend; do
+  if [ -f "backends/$b/pyproject.toml" ]; then
+    echo "== conformance suite on backend '$b' (Triton interpreter) =="
+    AGOQ_BACKEND=$b "${PYTEST[@]}" conformance_tests --agoq-backend "$b"
+  fi
+done
