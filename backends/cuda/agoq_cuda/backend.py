@@ -1,0 +1,76 @@
+"""The ``cuda`` Backend object: Triton codecs (agoq_triton_kernels) and NCCL byte collectives.
+
+In interpreter mode (TRITON_INTERPRET=1 when the kernels were imported) the same kernels run on CPU
+tensors through Triton's interpreter and collectives go through gloo: that is how CPU CI runs the
+real kernel code.
+"""
+from __future__ import annotations
+
+import torch
+
+from agoq_core.backend import BackendBase, Capabilities
+from agoq_core.errors import BackendUnavailableError
+from agoq_core.formats.spec import list_formats
+from agoq_cuda import launch
+from agoq_triton_kernels.layout import MAX_BLOCK
+
+__all__ = ["CudaBackend"]
+
+_OPS = frozenset({"quantize", "dequantize", "accumulate", "reduce_requantize"})
+
+
+class CudaBackend(BackendBase):
+    name = "cuda"
+
+    def __init__(self, *, interpreted: bool):
+        self.interpreted = interpreted
+        self.device_type = "cpu" if interpreted else "cuda"
+        self.dist_backend = "gloo" if interpreted else "nccl"
+
+    @classmethod
+    def create(cls) -> "CudaBackend":
+        """Check the runtime for real (the probe only looked at files) and build the backend."""
+        from agoq_cuda.plugin import interpreter_requested
+
+        interpreted = launch.is_interpreted()
+        if interpreted != interpreter_requested():
+            raise BackendUnavailableError(
+                "TRITON_INTERPRET changed after the agoq kernels were imported (Triton fixes interpreter mode "
+                "when a kernel is decorated); set it before importing agoq_cuda, e.g. in the environment")
+        if not interpreted and not torch.cuda.is_available():
+            raise BackendUnavailableError(
+                f"torch {torch.__version__} (CUDA {torch.version.cuda}) cannot use a GPU here "
+                "(torch.cuda.is_available() is False: driver missing or too old?); set TRITON_INTERPRET=1 to "
+                "run the kernels on CPU instead")
+        return cls(interpreted=interpreted)
+
+    def capabilities(self) -> Capabilities:
+        notes = ["Triton kernels shared with agoq-ascend (agoq_triton_kernels); bit-exact with the reference",
+                 "float64 inputs are rounded to float32 by torch before the kernel (as the reference does)"]
+        if self.interpreted:
+            notes.insert(0, "Triton interpreter (TRITON_INTERPRET=1): CPU tensors, gloo collectives, slow")
+        return Capabilities(
+            formats=frozenset(s.name for s in list_formats()),
+            device_types=frozenset({self.device_type}),
+            ops=_OPS,
+            collectives=frozenset({"all_to_all", "all_gather"}),
+            input_dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16, torch.float64}),
+            max_block=MAX_BLOCK,
+            notes=tuple(notes),
+        )
+
+    def quantize_into(self, x, spec, codes, scales):
+        launch.quantize(x, spec, codes, scales)
+
+    def dequantize_into(self, codes, scales, spec, out):
+        launch.dequantize(codes, scales, spec, out)
+
+    def accumulate_(self, codes, scales, spec, g):
+        launch.accumulate(codes, scales, spec, g)
+
+    def reduce_requantize_into(self, codes, scales, spec, numel, codes_out, scales_out):
+        launch.reduce_requantize(codes, scales, spec, numel, codes_out, scales_out)
+
+    def __repr__(self) -> str:
+        mode = "Triton interpreter, CPU tensors" if self.interpreted else "CUDA"
+        return f"<agoq backend 'cuda' ({mode})>"

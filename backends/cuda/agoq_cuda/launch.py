@@ -1,0 +1,194 @@
+"""Launchers: buffers -> kernel arguments and launch geometry for CUDA (and Triton's interpreter).
+
+The kernel bodies live in agoq_triton_kernels; everything device-specific is here: tile rows, grid
+size, warps, chunking of tensors above 2**30 elements, and how tensors are viewed (codes as int8,
+bf16 as int16).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from agoq_core.formats.spec import FormatSpec
+from agoq_triton_kernels import kernels as K
+from agoq_triton_kernels.codes import NF4_LEVELS_KERNEL
+from agoq_triton_kernels.layout import (
+    FLOAT_BF16, FLOAT_F16, FLOAT_F32, MAX_BLOCK, MAX_CHUNK_ELEMENTS, format_constexprs,
+)
+
+__all__ = ["Geometry", "geometry", "quantize", "dequantize", "accumulate", "reduce_requantize", "is_interpreted"]
+
+_FLOAT_KIND = {torch.float32: FLOAT_F32, torch.bfloat16: FLOAT_BF16, torch.float16: FLOAT_F16}
+
+
+def is_interpreted() -> bool:
+    """Whether the kernels were decorated under TRITON_INTERPRET (decided once, at import)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(K.quantize_kernel, InterpretedFunction)
+
+
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """How one launch is cut: ROWS blocks per tile, ``programs`` persistent programs, warps."""
+
+    rows: int
+    programs: int
+    num_warps: int
+
+
+# GPU: a tile of ~4096 lanes (16 KiB of fp32 input) keeps every thread busy with 16 elements at 8 warps,
+# and 8 resident programs per SM (x 132 SMs on an H200) hides DRAM latency; more programs than that just
+# queue. Interpreter: each program instance costs ~8 ms of Python (cpu-feasibility.md §2), a tile of
+# 2**15 lanes ~1 ms of numpy, so one or two big programs are fastest; two exercise the strided loop.
+_GPU_TILE_LANES = 4096
+_GPU_PROGRAMS_PER_SM = 8
+_INTERP_TILE_LANES = 1 << 15
+_INTERP_PROGRAMS = 2
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def geometry(block_p: int, n_blocks: int, device: torch.device, *, rows: int | None = None,
+             programs: int | None = None) -> Geometry:
+    """Default launch geometry for ``n_blocks`` blocks of ``block_p`` lanes (overridable for tests/tuning)."""
+    if device.type == "cpu":
+        r = rows or max(1, _INTERP_TILE_LANES // block_p)
+        tiles = -(-n_blocks // r)
+        return Geometry(r, max(1, min(tiles, programs or _INTERP_PROGRAMS)), 4)
+    r = rows or max(1, _GPU_TILE_LANES // block_p)
+    tiles = -(-n_blocks // r)
+    lanes = r * block_p
+    warps = 4 if lanes <= 2048 else 8
+    cap = programs or _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
+        * _GPU_PROGRAMS_PER_SM
+    return Geometry(r, max(1, min(tiles, cap)), warps)
+
+
+@functools.cache
+def _nf4_lut(device: torch.device) -> torch.Tensor:
+    return torch.tensor(NF4_LEVELS_KERNEL, dtype=torch.float32, device=device)
+
+
+def _consts(spec: FormatSpec) -> dict:
+    if spec.block > MAX_BLOCK:
+        raise ValueError(f"agoq-cuda kernels take blocks up to {MAX_BLOCK}, got {spec.name} block={spec.block}")
+    return format_constexprs(kind=spec.kind, bits=spec.bits, block=spec.block, qmax=spec.qmax)
+
+
+def _chunks(spec: FormatSpec, n: int):
+    """(element offset, elements, code-byte offset, block offset) per chunk of <= 2**30 elements."""
+    step = (MAX_CHUNK_ELEMENTS // spec.block) * spec.block
+    for off in range(0, n, step):
+        yield off, min(step, n - off), off // spec.block * (spec.block * spec.bits // 8), off // spec.block
+
+
+def _float_view(t: torch.Tensor, what: str) -> tuple[torch.Tensor, int]:
+    if t.dtype not in _FLOAT_KIND:
+        raise TypeError(f"{what}: agoq-cuda kernels take float32, bfloat16 or float16, got {t.dtype}")
+    kind = _FLOAT_KIND[t.dtype]
+    return (t.view(torch.int16) if kind == FLOAT_BF16 else t), kind
+
+
+def _check(spec: FormatSpec, n: int, codes: torch.Tensor, scales: torch.Tensor, device: torch.device,
+           what: str) -> None:
+    if codes.dtype != torch.uint8 or scales.dtype != torch.float32:
+        raise TypeError(f"{what}: want uint8 codes and float32 scales, got {codes.dtype} and {scales.dtype}")
+    if codes.numel() != spec.code_bytes(n) or scales.numel() != spec.num_blocks(n):
+        raise ValueError(f"{what}: {n} elements of {spec.name}/block {spec.block} need {spec.code_bytes(n)} code "
+                         f"bytes and {spec.num_blocks(n)} scales, got {codes.numel()} and {scales.numel()}")
+    for name, t in (("codes", codes), ("scales", scales)):
+        if not t.is_contiguous():
+            raise ValueError(f"{what}: {name} must be contiguous")
+        if t.device != device:
+            raise ValueError(f"{what}: {name} is on {t.device} but the data is on {device}")
+
+
+def _launch(kernel, geo: Geometry, args: tuple, **constexprs) -> None:
+    # enable_fp_fusion=False: decode(c) * s + g must round twice like the reference, never as one FMA.
+    kernel[(geo.programs,)](*args, **constexprs, num_warps=geo.num_warps, enable_fp_fusion=False)
+
+
+def quantize(x: torch.Tensor, spec: FormatSpec, codes: torch.Tensor, scales: torch.Tensor, *,
+             rows: int | None = None, programs: int | None = None) -> None:
+    """x flat [N] -> codes uint8[code_bytes(N)], scales fp32[NB]. float64 is rounded to fp32 by torch first
+    (the reference does the same)."""
+    n = x.numel()
+    _check(spec, n, codes, scales, x.device, "quantize")
+    if x.dtype == torch.float64:
+        x = x.to(torch.float32)
+    xv, xk = _float_view(x.reshape(-1), "quantize")
+    c = _consts(spec)
+    cv = codes.view(torch.int8)
+    for off, m, boff, soff in _chunks(spec, n):
+        nb = spec.num_blocks(m)
+        geo = geometry(c["BLOCK_P"], nb, x.device, rows=rows, programs=programs)
+        _launch(K.quantize_kernel, geo,
+                (xv[off:off + m], cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], m, nb,
+                 -(-nb // geo.rows)), **c, ROWS=geo.rows, X_FLOAT=xk)
+
+
+def dequantize(codes: torch.Tensor, scales: torch.Tensor, spec: FormatSpec, out: torch.Tensor, *,
+               rows: int | None = None, programs: int | None = None) -> None:
+    """codes + scales -> out flat [N] (fp32, bf16 or fp16)."""
+    n = out.numel()
+    _check(spec, n, codes, scales, out.device, "dequantize")
+    ov, ok = _float_view(out.reshape(-1), "dequantize")
+    c = _consts(spec)
+    cv = codes.view(torch.int8)
+    lut = _nf4_lut(out.device)
+    for off, m, boff, soff in _chunks(spec, n):
+        nb = spec.num_blocks(m)
+        geo = geometry(c["BLOCK_P"], nb, out.device, rows=rows, programs=programs)
+        _launch(K.dequantize_kernel, geo,
+                (cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], lut, ov[off:off + m], m, nb,
+                 -(-nb // geo.rows)), **c, ROWS=geo.rows, OUT_FLOAT=ok, NF4_LUT=True)
+
+
+def accumulate(codes: torch.Tensor, scales: torch.Tensor, spec: FormatSpec, g: torch.Tensor, *,
+               rows: int | None = None, programs: int | None = None) -> None:
+    """In place: (codes, scales) <- Q(D(codes, scales) + g), g flat [N] (fp32, bf16, fp16; fp64 via fp32)."""
+    n = g.numel()
+    _check(spec, n, codes, scales, g.device, "accumulate_")
+    if g.dtype == torch.float64:
+        g = g.to(torch.float32)
+    gv, gk = _float_view(g.reshape(-1), "accumulate_")
+    c = _consts(spec)
+    cv = codes.view(torch.int8)
+    lut = _nf4_lut(g.device)
+    for off, m, boff, soff in _chunks(spec, n):
+        nb = spec.num_blocks(m)
+        geo = geometry(c["BLOCK_P"], nb, g.device, rows=rows, programs=programs)
+        _launch(K.accumulate_kernel, geo,
+                (cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], lut, gv[off:off + m], m, nb,
+                 -(-nb // geo.rows)), **c, ROWS=geo.rows, G_FLOAT=gk, NF4_LUT=True)
+
+
+def reduce_requantize(codes: torch.Tensor, scales: torch.Tensor, spec: FormatSpec, numel: int,
+                      codes_out: torch.Tensor, scales_out: torch.Tensor, *, rows: int | None = None,
+                      programs: int | None = None) -> None:
+    """codes uint8[W, code_bytes], scales fp32[W, NB] -> Q(sum_r D_r) into codes_out, scales_out."""
+    if codes.dim() != 2 or scales.dim() != 2 or codes.shape[0] != scales.shape[0] or codes.shape[0] < 1:
+        raise ValueError(f"reduce_requantize: want codes[W, B] and scales[W, NB] with W >= 1, got "
+                         f"{tuple(codes.shape)} and {tuple(scales.shape)}")
+    n, w = numel, codes.shape[0]
+    _check(spec, n, codes_out, scales_out, codes.device, "reduce_requantize")
+    _check(spec, n, codes[0], scales[0], codes.device, "reduce_requantize (input row)")
+    if codes.stride(1) != 1 or scales.stride(1) != 1:
+        raise ValueError("reduce_requantize: rows of codes and scales must be contiguous")
+    c = _consts(spec)
+    cv, cov = codes.view(torch.int8), codes_out.view(torch.int8)
+    lut = _nf4_lut(codes.device)
+    for off, m, boff, soff in _chunks(spec, n):
+        nb = spec.num_blocks(m)
+        cb = spec.code_bytes(m)
+        geo = geometry(c["BLOCK_P"], nb, codes.device, rows=rows, programs=programs)
+        _launch(K.reduce_requantize_kernel, geo,
+                (cv[:, boff:boff + cb], scales[:, soff:soff + nb], lut, cov[boff:boff + cb],
+                 scales_out[soff:soff + nb], m, nb, -(-nb // geo.rows), w, codes.stride(0), scales.stride(0)),
+                **c, ROWS=geo.rows, NF4_LUT=True)

@@ -1,0 +1,216 @@
+"""Element-wise pieces of the numerics contract (docs/formats.md) as @triton.jit helpers.
+
+Portable on purpose (CUDA, the CPU interpreter, Triton-Ascend): all bit work is int32, no libdevice,
+no inline asm, no fp8/uint8/uint32 arithmetic, no reliance on float-cast overflow behaviour.
+Rounding that has to be exact is done either by one IEEE fp32 add whose result spacing is the target
+spacing (round-half-even for free) or by integer add-and-shift with an explicit tie fix.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# fp32 bit fields.
+_EXP_MASK = tl.constexpr(0x7F800000)
+_ABS_MASK = tl.constexpr(0x7FFFFFFF)
+_QNAN = tl.constexpr(0x7FC00000)
+
+# 1.5 * 2**23: adding then subtracting it rounds an fp32 |v| < 2**22 to an integer, half to even
+# (the add's result has ulp 1). |v| <= qmax <= 127 here.
+_RNE_MAGIC = tl.constexpr(12582912.0)
+
+# NF4 levels (bitsandbytes' fp32 values) and the decision thresholds fp32((L[i] + L[i+1]) * 0.5),
+# exactly as agoq_core.formats.reference.nf4_thresholds() computes them; a test checks both tables
+# against the core so they cannot drift.
+_NF4_L0 = tl.constexpr(-1.0)
+_NF4_L1 = tl.constexpr(-0.6961928009986877)
+_NF4_L2 = tl.constexpr(-0.5250730514526367)
+_NF4_L3 = tl.constexpr(-0.39491748809814453)
+_NF4_L4 = tl.constexpr(-0.28444138169288635)
+_NF4_L5 = tl.constexpr(-0.18477343022823334)
+_NF4_L6 = tl.constexpr(-0.09105003625154495)
+_NF4_L7 = tl.constexpr(0.0)
+_NF4_L8 = tl.constexpr(0.07958029955625534)
+_NF4_L9 = tl.constexpr(0.16093020141124725)
+_NF4_L10 = tl.constexpr(0.24611230194568634)
+_NF4_L11 = tl.constexpr(0.33791524171829224)
+_NF4_L12 = tl.constexpr(0.44070982933044434)
+_NF4_L13 = tl.constexpr(0.5626170039176941)
+_NF4_L14 = tl.constexpr(0.7229568362236023)
+_NF4_L15 = tl.constexpr(1.0)
+NF4_LEVELS_KERNEL = (-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+                     -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+                     0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
+                     0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0)
+_NF4_T0 = tl.constexpr(-0.8480963706970215)
+_NF4_T1 = tl.constexpr(-0.6106328964233398)
+_NF4_T2 = tl.constexpr(-0.4599952697753906)
+_NF4_T3 = tl.constexpr(-0.33967941999435425)
+_NF4_T4 = tl.constexpr(-0.23460739850997925)
+_NF4_T5 = tl.constexpr(-0.13791173696517944)
+_NF4_T6 = tl.constexpr(-0.045525018125772476)
+_NF4_T7 = tl.constexpr(0.03979014977812767)
+_NF4_T8 = tl.constexpr(0.120255246758461)
+_NF4_T9 = tl.constexpr(0.2035212516784668)
+_NF4_T10 = tl.constexpr(0.2920137643814087)
+_NF4_T11 = tl.constexpr(0.3893125355243683)
+_NF4_T12 = tl.constexpr(0.5016634464263916)
+_NF4_T13 = tl.constexpr(0.6427869200706482)
+_NF4_T14 = tl.constexpr(0.8614784479141235)
+NF4_THRESHOLDS_KERNEL = (-0.8480963706970215, -0.6106328964233398, -0.4599952697753906,
+                         -0.33967941999435425, -0.23460739850997925, -0.13791173696517944,
+                         -0.045525018125772476, 0.03979014977812767, 0.120255246758461,
+                         0.2035212516784668, 0.2920137643814087, 0.3893125355243683,
+                         0.5016634464263916, 0.6427869200706482, 0.8614784479141235)
+
+
+# ---- fp8 <-> fp32 (integer logic; torch's algorithm, measured bit-exact in cpu-feasibility §2c) ----
+@triton.jit
+def f32_to_e4m3_bits(v):
+    """fp32 with |v| <= 448 (callers clamp first) -> E4M3FN code in [0, 255] (int32), RNE."""
+    bits = v.to(tl.int32, bitcast=True)
+    sign = (bits >> 24) & 0x80
+    a = bits & _ABS_MASK
+    # |v| < 2**-6: one fp32 add of 2**14 leaves exactly E4M3's subnormal spacing 2**-9 (RNE).
+    den = (a.to(tl.float32, bitcast=True) + 16384.0).to(tl.int32, bitcast=True) - (141 << 23)
+    # normal: rebias 127 -> 7, keep 3 mantissa bits, round half to even via the kept lsb.
+    nrm = (a + (-120 << 23) + 0x7FFFF + ((a >> 20) & 1)) >> 20
+    return tl.where(a < (121 << 23), den, nrm) | sign
+
+
+@triton.jit
+def f32_to_e5m2_bits(v):
+    """fp32 with |v| <= 57344 (callers clamp first) -> E5M2 code in [0, 255] (int32), RNE."""
+    bits = v.to(tl.int32, bitcast=True)
+    sign = (bits >> 24) & 0x80
+    a = bits & _ABS_MASK
+    # |v| < 2**-14: adding 128 leaves E5M2's subnormal spacing 2**-16.
+    den = (a.to(tl.float32, bitcast=True) + 128.0).to(tl.int32, bitcast=True) - (134 << 23)
+    nrm = (a + (-112 << 23) + 0xFFFFF + ((a >> 21) & 1)) >> 21
+    return tl.where(a < (113 << 23), den, nrm) | sign
+
+
+@triton.jit
+def e4m3_bits_to_f32(c):
+    """E4M3FN code (int32 in [0, 255]) -> fp32; 0x7F/0xFF are NaN (E4M3FN has no inf)."""
+    sign = (c & 0x80) << 24
+    e = (c >> 3) & 0xF
+    m = c & 7
+    sub = (m.to(tl.float32) * 0.001953125).to(tl.int32, bitcast=True)  # m * 2**-9, exact
+    mag = tl.where(e == 0, sub, ((e + 120) << 23) | (m << 20))
+    mag = tl.where((c & 0x7F) == 0x7F, _QNAN, mag)
+    return (mag | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def e5m2_bits_to_f32(c):
+    """E5M2 code (int32 in [0, 255]) -> fp32; exponent 31 is inf (m == 0) or NaN."""
+    sign = (c & 0x80) << 24
+    e = (c >> 2) & 0x1F
+    m = c & 3
+    sub = (m.to(tl.float32) * 0.0000152587890625).to(tl.int32, bitcast=True)  # m * 2**-16, exact
+    mag = tl.where(e == 0, sub, ((e + 112) << 23) | (m << 21))
+    mag = tl.where(e == 31, tl.where(m == 0, _EXP_MASK, _QNAN), mag)
+    return (mag | sign).to(tl.float32, bitcast=True)
+
+
+# ---- bf16 as int16 bits ------------------------------------------------------------------------------
+@triton.jit
+def bf16_bits_to_f32(h):
+    """bf16 bit pattern (loaded from an int16 view) -> fp32, exact (subnormals kept)."""
+    return (h.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def f32_to_bf16_bits(x):
+    """fp32 -> bf16 bit pattern as int32 in [0, 0xFFFF], round half to even; every NaN -> 0x7FC0
+    (what torch's CPU cast gives). Works on the magnitude so the int32 add cannot overflow."""
+    bits = x.to(tl.int32, bitcast=True)
+    sign = (bits >> 16) & 0x8000
+    a = bits & _ABS_MASK
+    r = (a + 0x7FFF + ((a >> 16) & 1)) >> 16
+    return tl.where(a > _EXP_MASK, 0x7FC0, r | sign)
+
+
+# ---- codes --------------------------------------------------------------------------------------------
+@triton.jit
+def zero_code(KIND: tl.constexpr, BITS: tl.constexpr):
+    """Code of 0.0: padding, all-zero and non-finite blocks (FormatSpec.zero_code)."""
+    if KIND == 0:
+        return 1 << (BITS - 1)
+    elif KIND == 2:
+        return 7
+    else:
+        return 0
+
+
+@triton.jit
+def encode(v, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr):
+    """Finite scaled fp32 values -> integer codes (int32) of the format's code kind."""
+    if KIND == 0:  # symmetric int, offset binary; clamp first (QMAX is an integer) then RNE
+        c = tl.minimum(tl.maximum(v, -QMAX), QMAX)
+        c = (c + _RNE_MAGIC) - _RNE_MAGIC
+        return c.to(tl.int32) + (1 << (BITS - 1))
+    elif KIND == 1:  # FP4 E2M1: thresholds on |v|, ties to the even mantissa ('>=' where the upper is even)
+        m = tl.abs(v)
+        idx = ((m > 0.25).to(tl.int32) + (m >= 0.75).to(tl.int32) + (m > 1.25).to(tl.int32)
+               + (m >= 1.75).to(tl.int32) + (m > 2.5).to(tl.int32) + (m >= 3.5).to(tl.int32)
+               + (m > 5.0).to(tl.int32))
+        return tl.where((v < 0.0) & (idx > 0), idx | 8, idx)  # no negative-zero code
+    elif KIND == 2:  # NF4: count thresholds strictly below v (a tie takes the lower code)
+        return ((v > _NF4_T0).to(tl.int32) + (v > _NF4_T1).to(tl.int32) + (v > _NF4_T2).to(tl.int32)
+                + (v > _NF4_T3).to(tl.int32) + (v > _NF4_T4).to(tl.int32) + (v > _NF4_T5).to(tl.int32)
+                + (v > _NF4_T6).to(tl.int32) + (v > _NF4_T7).to(tl.int32) + (v > _NF4_T8).to(tl.int32)
+                + (v > _NF4_T9).to(tl.int32) + (v > _NF4_T10).to(tl.int32) + (v > _NF4_T11).to(tl.int32)
+                + (v > _NF4_T12).to(tl.int32) + (v > _NF4_T13).to(tl.int32) + (v > _NF4_T14).to(tl.int32))
+    elif KIND == 3:
+        return f32_to_e4m3_bits(tl.minimum(tl.maximum(v, -QMAX), QMAX))
+    else:
+        return f32_to_e5m2_bits(tl.minimum(tl.maximum(v, -QMAX), QMAX))
+
+
+@triton.jit
+def _nf4_select(c):
+    # Binary select tree on the code bits (15 selects, no memory access): for devices where a gather
+    # from a 16-entry table is slow (Ascend's vector units have no cheap gather).
+    b0 = (c & 1) != 0
+    b1 = (c & 2) != 0
+    b2 = (c & 4) != 0
+    b3 = (c & 8) != 0
+    p0 = tl.where(b0, _NF4_L1, _NF4_L0)
+    p1 = tl.where(b0, _NF4_L3, _NF4_L2)
+    p2 = tl.where(b0, _NF4_L5, _NF4_L4)
+    p3 = tl.where(b0, _NF4_L7, _NF4_L6)
+    p4 = tl.where(b0, _NF4_L9, _NF4_L8)
+    p5 = tl.where(b0, _NF4_L11, _NF4_L10)
+    p6 = tl.where(b0, _NF4_L13, _NF4_L12)
+    p7 = tl.where(b0, _NF4_L15, _NF4_L14)
+    q0 = tl.where(b1, p1, p0)
+    q1 = tl.where(b1, p3, p2)
+    q2 = tl.where(b1, p5, p4)
+    q3 = tl.where(b1, p7, p6)
+    r0 = tl.where(b2, q1, q0)
+    r1 = tl.where(b2, q3, q2)
+    return tl.where(b3, r1, r0).to(tl.float32)
+
+
+@triton.jit
+def decode(c, lut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, NF4_LUT: tl.constexpr):
+    """Integer codes (int32) -> fp32 values before scaling (the reference's decode_table)."""
+    if KIND == 0:
+        return (c - (1 << (BITS - 1))).to(tl.float32)
+    elif KIND == 1:
+        idx = c & 7
+        e = idx >> 1
+        m = idx & 1
+        mag = tl.where(e == 0, m * 0x3F000000, ((e + 126) << 23) | (m << 22))  # 0, 0.5, 1, 1.5, ..., 6
+        return (mag | ((c & 8) << 28)).to(tl.float32, bitcast=True)
+    elif KIND == 2:
+        if NF4_LUT:
+            return tl.load(lut_ptr + c)  # 16 fp32 levels, L1-resident
+        else:
+            return _nf4_select(c)
+    elif KIND == 3:
+        return e4m3_bits_to_f32(c)
+    else:
+        return e5m2_bits_to_f32(c)

@@ -1,0 +1,66 @@
+"""Compile-time parameters of the shared kernels, in plain Python (imports neither triton nor torch).
+
+A launcher (agoq_cuda, agoq_ascend, ...) turns a format into the constexpr arguments below with
+:func:`format_constexprs` and picks the launch geometry (``ROWS``, grid, warps) itself. Kernel
+bodies never decide geometry: that belongs to each backend.
+"""
+from __future__ import annotations
+
+__all__ = [
+    "KIND_INT", "KIND_FP4_E2M1", "KIND_NF4", "KIND_FP8_E4M3", "KIND_FP8_E5M2", "KIND_IDS",
+    "FLOAT_F32", "FLOAT_BF16", "FLOAT_F16", "FLOAT_KINDS",
+    "MAX_BLOCK", "MAX_CHUNK_ELEMENTS",
+    "format_constexprs", "next_pow2",
+]
+
+# Code kinds (the ``KIND`` constexpr). Same names as agoq_core.formats.spec.CodeKind.
+KIND_INT = 0
+KIND_FP4_E2M1 = 1
+KIND_NF4 = 2
+KIND_FP8_E4M3 = 3
+KIND_FP8_E5M2 = 4
+KIND_IDS = {"int": KIND_INT, "fp4_e2m1": KIND_FP4_E2M1, "nf4": KIND_NF4,
+            "fp8_e4m3": KIND_FP8_E4M3, "fp8_e5m2": KIND_FP8_E5M2}
+
+# How a float tensor crosses the kernel boundary (the ``X_KIND`` / ``G_KIND`` / ``OUT_KIND``
+# constexprs). bf16 travels as its int16 bit pattern and is widened/rounded with integer logic:
+# the Triton interpreter flushes bf16 subnormals on load and truncates on the fp32->bf16 cast
+# (measured, ../shared/reference/cpu-feasibility.md §2c), and Ascend's bf16 casts are not
+# specified bit for bit. fp16 uses the hardware cast (exact RNE on GPU and in the interpreter).
+FLOAT_F32 = 0
+FLOAT_BF16 = 1   # pass tensor.view(torch.int16)
+FLOAT_F16 = 2
+FLOAT_KINDS = {"float32": FLOAT_F32, "bfloat16": FLOAT_BF16, "float16": FLOAT_F16}
+
+# A tile holds ROWS whole blocks of next_pow2(block) lanes in registers. 8192 fp32 lanes in one row
+# is 32 KiB of registers per tile (64 regs/thread at 4 warps... the launcher raises warps with the
+# block): larger blocks would need a two-pass absmax that no format here uses (defaults 128/256).
+MAX_BLOCK = 8192
+
+# Offsets inside a kernel are int32. A launcher cuts bigger tensors into chunks of at most this
+# many elements (a whole number of blocks) so that row*BLOCK + col never wraps: 2**30 leaves a
+# full tile of headroom below 2**31.
+MAX_CHUNK_ELEMENTS = 1 << 30
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def format_constexprs(*, kind: str, bits: int, block: int, qmax: float) -> dict:
+    """The format-dependent constexpr arguments every kernel of this package takes.
+
+    KIND, BITS, BLOCK (elements per scale), BLOCK_P (next power of two >= BLOCK: tl.arange needs
+    powers of two, lanes >= BLOCK are masked) and QMAX.
+    """
+    if kind not in KIND_IDS:
+        raise ValueError(f"unknown code kind {kind!r}; known: {sorted(KIND_IDS)}")
+    if bits not in (4, 5, 6, 8):
+        raise ValueError(f"bits must be 4, 5, 6 or 8, got {bits}")
+    if block <= 0 or block % 8:
+        raise ValueError(f"block must be a positive multiple of 8, got {block}")
+    if block > MAX_BLOCK:
+        raise ValueError(f"block={block} is larger than the kernels' maximum {MAX_BLOCK}; "
+                         f"use block <= {MAX_BLOCK} or the reference backend")
+    return {"KIND": KIND_IDS[kind], "BITS": int(bits), "BLOCK": int(block),
+            "BLOCK_P": next_pow2(block), "QMAX": float(qmax)}
