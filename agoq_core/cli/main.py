@@ -17,6 +17,8 @@ _SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "backends": ("agoq_core.cli.backends_cmd", "list installed backends and which one is selected"),
     "formats": ("agoq_core.cli.formats_cmd", "list formats with bits/element and measured SQNR"),
     "conformance": ("agoq_core.cli.conformance_cmd", "run the conformance suite or compare two reports"),
+    "train": ("agoq_core.cli.train_cmd", "train baseline vs AGoQ side by side on WikiText-2: table + plot"),
+    "plan": ("agoq_core.cli.plan_cmd", "DBCA-PP: activation formats per pipeline stage from the schedule"),
 }
 
 
