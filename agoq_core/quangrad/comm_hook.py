@@ -1,0 +1,104 @@
+"""A DDP communication hook for users who want QuanGrad's wire compression but keep DDP (and its
+16/32-bit gradients in memory).
+
+    from agoq_core.quangrad import register_comm_hook
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    state = register_comm_hook(ddp, fmt="fp8_e4m3")
+    ... train as usual ...; print(state.summary())
+
+Each DDP bucket (a flat gradient buffer) is quantized, all-reduced with QuanGrad's protocol and
+averaged, or, below ``min_compress_bytes``, averaged with the vendor all-reduce (counted in the state,
+never silent). The hook runs its bucket's collectives to completion before returning (DDP's own
+bucket order keeps ranks in step); for overlapped launches and 8-bit storage use QuanGradDDP.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from agoq_core.backend import get_backend
+from agoq_core.quangrad import protocol as P
+from agoq_core.quangrad.collective import QuanGradOp, group_info, ring_all_reduce_bytes
+from agoq_core.quangrad.config import DEFAULT_BLOCK, DEFAULT_MIN_COMPRESS_BYTES, resolve_spec
+
+log = logging.getLogger("agoq")
+
+__all__ = ["QuanGradHookState", "quangrad_hook", "register_comm_hook"]
+
+
+@dataclass
+class QuanGradHookState:
+    """State of the DDP hook: format, crossover, and counters of what each bucket went through."""
+
+    fmt: str = "fp8_e4m3"
+    block: int = DEFAULT_BLOCK
+    min_compress_bytes: int = DEFAULT_MIN_COMPRESS_BYTES
+    group: Any = None
+    backend: Any = None
+    compressed_buckets: int = 0
+    fallback_buckets: int = 0
+    wire_bytes: int = 0
+    fallback_reasons: dict[int, str] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        self.spec = resolve_spec(self.fmt, self.block)
+        self.be = get_backend(self.backend)
+
+    def summary(self) -> str:
+        s = (f"QuanGrad DDP hook ({self.spec.name}, block {self.spec.block}): {self.compressed_buckets} bucket "
+             f"reductions compressed, {self.fallback_buckets} through the vendor all-reduce, {self.wire_bytes:,} bytes sent")
+        if self.fallback_reasons:
+            s += "\n" + "\n".join(f"  DDP bucket {i}: {r}" for i, r in sorted(self.fallback_reasons.items()))
+        return s
+
+
+def quangrad_hook(state: QuanGradHookState, bucket: dist.GradBucket) -> torch.futures.Future:
+    """DDP comm hook: average the bucket over ranks with QuanGrad's all-reduce (in place)."""
+    buf = bucket.buffer()
+    _, world = group_info(state.group)
+    nbytes = buf.numel() * 4
+    if nbytes < state.min_compress_bytes:
+        with state._lock:
+            state.fallback_buckets += 1
+            state.wire_bytes += ring_all_reduce_bytes(buf.numel(), buf.element_size(), world)
+            if bucket.index() not in state.fallback_reasons:
+                state.fallback_reasons[bucket.index()] = (
+                    f"{nbytes:,} B < min_compress_bytes={state.min_compress_bytes:,}: vendor all-reduce in {buf.dtype}")
+                log.info("agoq QuanGrad hook: DDP bucket %d uses the vendor all-reduce (%s)", bucket.index(),
+                         state.fallback_reasons[bucket.index()])
+        buf.div_(world)
+        fut = dist.all_reduce(buf, group=state.group, async_op=True).get_future()
+        return fut.then(lambda f: f.value()[0])
+    n = buf.numel()
+    plan = P.ChunkPlan.for_numel(n, world, state.spec)
+    codes, scales = P.quantize_padded(buf, plan, backend=state.be)
+    op = QuanGradOp(codes, scales, plan, group=state.group, backend=state.be, sharded=False).run()
+    out = P.dequantize_bucket(codes, scales, plan, n, torch.float32, backend=state.be)
+    with torch.no_grad():
+        buf.copy_(out.div_(world))
+    with state._lock:
+        state.compressed_buckets += 1
+        state.wire_bytes += op.sent_bytes
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(buf)
+    return fut
+
+
+def register_comm_hook(ddp_model: torch.nn.parallel.DistributedDataParallel, *, fmt: str = "fp8_e4m3",
+                       block: int | None = None, min_compress_bytes: int | None = None,
+                       backend: Any = None) -> QuanGradHookState:
+    """Install ``quangrad_hook`` on a DDP model; returns the state (read its counters and summary())."""
+    if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
+        raise TypeError(f"register_comm_hook needs a DistributedDataParallel model, got {type(ddp_model).__name__}")
+    state = QuanGradHookState(fmt=fmt, block=block or DEFAULT_BLOCK,
+                              min_compress_bytes=DEFAULT_MIN_COMPRESS_BYTES if min_compress_bytes is None
+                              else min_compress_bytes,
+                              group=ddp_model.process_group, backend=backend)
+    ddp_model.register_comm_hook(state, quangrad_hook)
+    return state

@@ -1,0 +1,68 @@
+"""The 8-bit gradient buffers: one (codes, scales) pair per bucket, a QuantizedTensor view per parameter.
+
+Memory: 1 byte per element + 4 bytes per block (fp8/int8, block 256: 1.0156 bytes per gradient element),
+against 2 for bf16 gradients and 4 for fp32 main gradients.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from agoq_core import api
+from agoq_core.formats.tensor import QuantizedTensor
+from agoq_core.quangrad.layout import BucketLayout, ParamSlot
+from agoq_core.quangrad.protocol import ChunkPlan, dequantize_bucket
+
+if TYPE_CHECKING:
+    from agoq_core.backend.protocol import Backend
+
+__all__ = ["GradStorage"]
+
+
+class GradStorage:
+    def __init__(self, layout: BucketLayout, device: torch.device, backend: "Backend") -> None:
+        self.layout, self.device, self.backend = layout, device, backend
+        spec = layout.spec
+        self.plans = [ChunkPlan(spec=spec, world_size=layout.world_size, numel=b.numel) for b in layout.buckets]
+        self.codes = [torch.full((p.code_bytes,), spec.zero_code, dtype=torch.uint8, device=device) for p in self.plans]
+        self.scales = [torch.zeros(p.num_blocks, dtype=torch.float32, device=device) for p in self.plans]
+        self.views: list[QuantizedTensor] = [self._view(s) for s in layout.slots]
+
+    def _view(self, s: ParamSlot) -> QuantizedTensor:
+        spec = self.layout.spec
+        c0 = spec.code_bytes(s.offset)
+        b0 = s.offset // spec.block
+        codes = self.codes[s.bucket][c0: c0 + spec.code_bytes(s.numel)]
+        scales = self.scales[s.bucket][b0: b0 + spec.num_blocks(s.numel)]
+        return QuantizedTensor(codes, scales, torch.Size([s.numel]), getattr(torch, s.dtype), spec)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the 8-bit gradient buffers (codes + scales, padding included)."""
+        return sum(c.numel() + 4 * s.numel() for c, s in zip(self.codes, self.scales))
+
+    def fold_(self, index: int, g: torch.Tensor) -> None:
+        """Add gradient ``g`` of parameter ``index`` into its 8-bit storage (fp32 add, requantize)."""
+        api.accumulate_(self.views[index], g, backend=self.backend)
+
+    def zero_(self) -> None:
+        zc = self.layout.spec.zero_code
+        for c, s in zip(self.codes, self.scales):
+            c.fill_(zc)
+            s.zero_()
+
+    def has_nonfinite(self) -> bool:
+        return any(bool(torch.isnan(s).any()) for s in self.scales)
+
+    def nonfinite_params(self) -> list[str]:
+        return [s.name for s, v in zip(self.layout.slots, self.views) if v.has_nonfinite()]
+
+    def bucket_fp32(self, bi: int) -> torch.Tensor:
+        """The whole padded bucket dequantized to fp32 (one bucket of scratch)."""
+        plan = self.plans[bi]
+        return dequantize_bucket(self.codes[bi], self.scales[bi], plan, plan.numel, torch.float32, backend=self.backend)
+
+    def param_fp32(self, index: int) -> torch.Tensor:
+        s = self.layout.slots[index]
+        return api.dequantize(self.views[index], torch.float32, backend=self.backend).view(s.shape)

@@ -1,0 +1,423 @@
+"""QuanGradDDP: the data-parallel wrapper users put around model + optimizer instead of DDP.
+
+    qg = QuanGradDDP(model, lambda ps: torch.optim.AdamW(ps, lr=3e-4), config=QuanGradConfig(max_grad_norm=1.0))
+    for batch in loader:
+        for i, mb in enumerate(micro_batches(batch)):          # gradient accumulation, as with DDP
+            with qg.no_sync() if i < n - 1 else contextlib.nullcontext():
+                (qg(**mb).loss / n).backward()
+        report = qg.step()                                       # reduce, clip, optimizer step, zero
+        if report.skipped: ...                                   # NaN/Inf gradient: nothing was applied
+
+During backward every parameter's gradient is folded into its 8-bit buffer the moment autograd has
+accumulated it (post-accumulate-grad hook) and the 16-bit ``.grad`` is freed at once. In the last
+micro-batch (outside ``no_sync``) a bucket's collective is launched as soon as all of its gradients are
+in, so communication overlaps the rest of backward.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from agoq_core.api import check_supported
+from agoq_core.backend import get_backend
+from agoq_core.errors import NonFiniteError
+from agoq_core.quangrad.collective import BucketOp, group_info, make_bucket_op
+from agoq_core.quangrad.config import QuanGradConfig
+from agoq_core.quangrad.layout import BucketLayout, check_layout_across_ranks, plan_buckets
+from agoq_core.quangrad.storage import GradStorage
+
+log = logging.getLogger("agoq")
+
+__all__ = ["QuanGradDDP", "StepReport", "QuanGradReport"]
+
+_PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True, slots=True)
+class StepReport:
+    """What ``QuanGradDDP.step()`` did."""
+
+    step: int
+    """Optimizer steps applied before this one (skipped steps do not count)."""
+    skipped: bool
+    reason: str | None
+    grad_norm: float
+    """Global L2 norm of the reduced (averaged) gradient before clipping; NaN/Inf if non-finite."""
+    clip_coef: float
+    nonfinite_params: tuple[str, ...] = ()
+    """Parameters whose gradient held NaN/Inf (empty unless skipped for that reason; sharded mode
+    names only those this rank's shard saw)."""
+    wire_bytes: int = 0
+    """Bytes this rank sent in gradient collectives for this step."""
+
+
+@dataclass(frozen=True, slots=True)
+class QuanGradReport:
+    """Setup summary: what is stored how, which buckets compress and which fall back, and why."""
+
+    backend: str
+    world_size: int
+    fmt: str
+    block: int
+    collective: str
+    sharded: bool
+    num_params: int
+    param_numel: int
+    buckets: tuple[dict[str, Any], ...]
+    gradient_bytes: int
+    """Bytes of the 8-bit gradient buffers (codes + scales + padding)."""
+    bf16_gradient_bytes: int
+    fp32_gradient_bytes: int
+    master_weight_bytes: int
+    optimizer: str
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def fallback_buckets(self) -> list[dict[str, Any]]:
+        return [b for b in self.buckets if b["path"] != self.collective]
+
+    def __str__(self) -> str:
+        mib = 1 << 20
+        lines = [
+            f"QuanGrad: backend {self.backend}, {self.world_size} ranks, {self.fmt} block {self.block}, "
+            f"collective {self.collective}{' (sharded, ZeRO-1)' if self.sharded else ''}",
+            f"  {self.num_params} parameters, {self.param_numel:,} elements in {len(self.buckets)} buckets",
+            f"  gradient memory {self.gradient_bytes / mib:.2f} MiB (bf16 grads: {self.bf16_gradient_bytes / mib:.2f} "
+            f"MiB, fp32 main grads: {self.fp32_gradient_bytes / mib:.2f} MiB); fp32 master weights "
+            f"{self.master_weight_bytes / mib:.2f} MiB; optimizer {self.optimizer}",
+        ]
+        fb = self.fallback_buckets
+        if fb:
+            lines.append(f"  {len(fb)} of {len(self.buckets)} buckets use another collective:")
+            lines += [f"    bucket {b['index']} ({b['numel']:,} elements): {b['path']} - {b['reason']}" for b in fb]
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+class QuanGradDDP(torch.nn.Module):
+    """Data parallelism with 8-bit gradient storage and QuanGrad's precision-preserving all-reduce.
+
+    ``optimizer`` is a callable ``params -> torch.optim.Optimizer``; it receives the tensors the wrapper
+    steps: the fp32 master copies (in ``model.parameters()`` order, trainable ones only) or, with
+    ``config.sharded``, one flat fp32 shard per bucket. ``agoq_core.quangrad.optimizer_factory`` builds
+    common ones (``"adamw"``, ``"adamw8bit"``...).
+    """
+
+    def __init__(self, module: torch.nn.Module, optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer], *,
+                 config: QuanGradConfig | None = None) -> None:
+        super().__init__()
+        cfg = QuanGradConfig() if config is None else config
+        if not isinstance(cfg, QuanGradConfig):
+            raise TypeError(f"config must be a QuanGradConfig, got {type(cfg).__name__}")
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+        if not callable(optimizer) or isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                "optimizer must be a callable params -> torch.optim.Optimizer (the wrapper decides which tensors "
+                "the optimizer steps), e.g. lambda ps: torch.optim.AdamW(ps, lr=3e-4), got "
+                f"{type(optimizer).__name__}"
+            )
+        self.module = module
+        self.config = cfg
+        self.rank, self.world_size = group_info(cfg.group)
+        self.backend = get_backend(cfg.backend)
+        spec = cfg.spec
+
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        if not named:
+            raise ValueError("QuanGradDDP: the model has no trainable parameters")
+        devices = sorted({str(p.device) for _, p in named})
+        if len(devices) != 1:
+            raise ValueError(f"QuanGradDDP: all parameters must be on one device, found {devices}")
+        bad = [(n, p.dtype) for n, p in named if p.dtype not in _PARAM_DTYPES]
+        if bad:
+            raise TypeError(f"QuanGradDDP: parameters must be float32/bfloat16/float16, got {bad[:3]}")
+        self.device = named[0][1].device
+        for op in ("quantize", "dequantize", "accumulate", "reduce_requantize"):
+            check_supported(self.backend, spec, self.device, op)
+        self._params = [p for _, p in named]
+        self.param_names = [n for n, _ in named]
+
+        if cfg.broadcast_params:
+            self._broadcast_from_rank0()
+        self.layout: BucketLayout = plan_buckets(named, world_size=self.world_size, spec=spec,
+                                                 cap_numel=cfg.bucket_cap_numel, path_for=self._path_for,
+                                                 sharded=cfg.sharded)
+        check_layout_across_ranks(self.layout, group=cfg.group, device=self.device, backend=self.backend)
+        self.storage = GradStorage(self.layout, self.device, self.backend)
+
+        self.use_master = cfg.master_weights == "on" or (
+            cfg.master_weights == "auto" and any(p.dtype != torch.float32 for p in self._params))
+        if cfg.sharded:
+            self._shards = [torch.nn.Parameter(self._bucket_params_fp32(b.index).chunk(self.world_size)[self.rank].clone())
+                            for b in self.layout.buckets]
+            opt_params: list[torch.Tensor] = list(self._shards)
+        elif self.use_master:
+            self._masters = [torch.nn.Parameter(p.detach().float().clone()) for p in self._params]
+            opt_params = list(self._masters)
+        else:
+            self._masters = self._params
+            opt_params = list(self._params)
+        self.optimizer = optimizer(opt_params)
+        if not isinstance(self.optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer(params) must return a torch.optim.Optimizer, got {type(self.optimizer).__name__}")
+
+        for p in self._params:
+            p.grad = None
+        self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(self._params)]
+        self._sync = True
+        self._steps = 0
+        self._reset_window()
+        self.report = self._build_report()
+        log.info("%s", self.report)
+
+    # ---- setup helpers ---------------------------------------------------------------------------------
+    def _path_for(self, padded: int) -> tuple[str, str]:
+        cfg = self.config
+        if cfg.collective != "quangrad":
+            return cfg.collective, f"config.collective={cfg.collective!r}"
+        if padded * 4 < cfg.min_compress_bytes:
+            return cfg.fallback_dtype, (f"{padded * 4:,} B of fp32 gradient < min_compress_bytes={cfg.min_compress_bytes:,}: "
+                                        f"vendor {cfg.fallback_dtype} all-reduce (compression does not pay below the crossover)")
+        return "quangrad", ""
+
+    def _broadcast_from_rank0(self) -> None:
+        group = self.config.group
+        src = dist.get_global_rank(group, 0) if group is not None else 0
+        tensors = [p for _, p in self.module.named_parameters()] + [b for _, b in self.module.named_buffers()]
+        with torch.no_grad():
+            for t in tensors:
+                if t.numel() == 0:
+                    continue
+                flat = t.detach().contiguous().view(-1)
+                buf = flat.view(torch.uint8) if t.dtype.is_floating_point else flat
+                dist.broadcast(buf, src=src, group=group)
+                if flat.data_ptr() != t.data_ptr():
+                    t.copy_(flat.view(t.shape))
+
+    def _bucket_params_fp32(self, bi: int) -> torch.Tensor:
+        b = self.layout.buckets[bi]
+        flat = torch.zeros(b.numel, dtype=torch.float32, device=self.device)
+        for s in b.slots:
+            flat[s.offset: s.offset + s.numel] = self._params[s.index].detach().reshape(-1)
+        return flat
+
+    def _build_report(self) -> QuanGradReport:
+        cfg, lay = self.config, self.layout
+        n = lay.param_numel
+        if cfg.sharded:
+            master = sum(s.numel() * 4 for s in self._shards)
+        else:
+            master = sum(m.numel() * 4 for m in self._masters) if self.use_master else 0
+        notes = []
+        if cfg.sharded:
+            notes.append("sharded: the optimizer steps flat fp32 shards; use an element-wise optimizer (Adam, AdamW, SGD)")
+        return QuanGradReport(
+            backend=self.backend.name, world_size=self.world_size, fmt=lay.spec.name, block=lay.spec.block,
+            collective=cfg.collective, sharded=cfg.sharded, num_params=len(lay.slots), param_numel=n,
+            buckets=tuple({"index": b.index, "numel": b.numel, "params": len(b.slots), "path": b.path,
+                           "reason": b.reason} for b in lay.buckets),
+            gradient_bytes=self.storage.nbytes, bf16_gradient_bytes=2 * n, fp32_gradient_bytes=4 * n,
+            master_weight_bytes=master, optimizer=type(self.optimizer).__module__ + "." + type(self.optimizer).__name__,
+            notes=tuple(notes),
+        )
+
+    # ---- accumulation ----------------------------------------------------------------------------------
+    def _reset_window(self) -> None:
+        nb = len(self.layout.buckets)
+        self._received: list[set[int]] = [set() for _ in range(nb)]
+        self._ops: list[BucketOp | None] = [None] * nb
+        self._next_launch = 0
+        self._accumulated = False
+
+    def _make_hook(self, index: int) -> Callable[[torch.Tensor], None]:
+        def hook(p: torch.Tensor) -> None:
+            self._on_grad(index, p)
+        return hook
+
+    def _on_grad(self, index: int, p: torch.Tensor) -> None:
+        g = p.grad
+        if g is None:
+            return
+        slot = self.layout.slots[index]
+        if g.is_sparse:
+            raise TypeError(f"QuanGradDDP: parameter {slot.name!r} has a sparse gradient, which is not supported")
+        if self._ops[slot.bucket] is not None:
+            raise RuntimeError(
+                f"QuanGradDDP: a gradient for {slot.name!r} arrived after its bucket was already all-reduced in "
+                "this accumulation window. Run the non-final micro-batches under `with qg.no_sync():` (as with "
+                "DDP) and call qg.step() before the next window"
+            )
+        with torch.no_grad():
+            self.storage.fold_(index, g)
+        p.grad = None  # the 16-bit gradient is gone now; only the 8-bit buffer holds it
+        self._accumulated = True
+        if self._sync and self.config.overlap:
+            rec = self._received[slot.bucket]
+            rec.add(index)
+            if len(rec) == len(self.layout.buckets[slot.bucket].slots):
+                self._pump()
+
+    def _pump(self) -> None:
+        """Launch ready buckets strictly in index order (same collective sequence on every rank)."""
+        nb = len(self.layout.buckets)
+        while self._next_launch < nb:
+            k = self._next_launch
+            if len(self._received[k]) != len(self.layout.buckets[k].slots):
+                return
+            self._launch(k)
+
+    def _launch(self, k: int) -> None:
+        b = self.layout.buckets[k]
+        op = make_bucket_op(b.path, self.storage.codes[k], self.storage.scales[k], self.storage.plans[k],
+                            group=self.config.group, backend=self.backend, sharded=self.config.sharded)
+        op.launch()
+        self._ops[k] = op
+        if k > 0 and self._ops[k - 1].stage == 1:
+            self._ops[k - 1].advance()
+        self._next_launch = k + 1
+
+    def _finish_all(self) -> None:
+        while self._next_launch < len(self.layout.buckets):
+            self._launch(self._next_launch)
+        for op in self._ops:
+            if op.stage == 1:
+                op.advance()
+            if op.stage == 2:
+                op.finish()
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients (8-bit) without launching collectives, as DDP.no_sync()."""
+        prev, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = prev
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    # ---- step ------------------------------------------------------------------------------------------
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop the accumulated gradients (no collective)."""
+        self.storage.zero_()
+        self._reset_window()
+
+    def _global_norm(self, mult: float) -> float:
+        if self.config.sharded:
+            local = torch.zeros((), dtype=torch.float64, device=self.device)
+            for op in self._ops:
+                local += (op.shard * mult).double().pow(2).sum()
+            parts = torch.empty(self.world_size, dtype=torch.float64, device=self.device)
+            self.backend.all_gather_bytes(parts, local.reshape(1), group=self.config.group)
+            total = 0.0
+            for v in parts.tolist():  # rank order: every rank adds the same numbers in the same order
+                total += v
+            return math.sqrt(total) if total >= 0 else float("nan")
+        total = 0.0
+        for bi in range(len(self.layout.buckets)):
+            total += float((self.storage.bucket_fp32(bi) * mult).double().pow(2).sum())
+        return math.sqrt(total) if total >= 0 else float("nan")
+
+    def step(self) -> StepReport:
+        """Finish the gradient reduction, check for NaN/Inf, clip, step the optimizer, zero the buffers."""
+        if not self._accumulated:
+            raise RuntimeError("QuanGradDDP.step() called but no gradient was accumulated since the last step: "
+                               "run forward and backward first")
+        cfg = self.config
+        self._finish_all()
+        wire = sum(op.sent_bytes for op in self._ops)
+        avg = 1.0 / self.world_size if cfg.average else 1.0
+        norm = self._global_norm(avg)
+        if not math.isfinite(norm):
+            names = tuple(self.storage.nonfinite_params()) if not cfg.sharded else tuple(self._nonfinite_shard_params())
+            self.zero_grad()
+            reason = f"non-finite gradient (norm {norm}) in {', '.join(names[:8]) or 'another rank'}"
+            if cfg.on_nonfinite == "raise":
+                raise NonFiniteError(f"QuanGradDDP step {self._steps}: {reason}; the step was not applied")
+            log.warning("agoq QuanGrad: skipping step %d: %s", self._steps, reason)
+            return StepReport(step=self._steps, skipped=True, reason=reason, grad_norm=norm, clip_coef=0.0,
+                              nonfinite_params=names, wire_bytes=wire)
+        coef = 1.0
+        if cfg.max_grad_norm is not None:
+            coef = min(1.0, cfg.max_grad_norm / (norm + 1e-6))  # torch.nn.utils.clip_grad_norm_'s rule
+        with torch.no_grad():
+            if cfg.sharded:
+                self._step_sharded(avg * coef)
+            else:
+                self._step_replicated(avg * coef)
+        self.zero_grad()
+        report = StepReport(step=self._steps, skipped=False, reason=None, grad_norm=norm, clip_coef=coef,
+                            wire_bytes=wire)
+        self._steps += 1
+        return report
+
+    def _nonfinite_shard_params(self) -> list[str]:
+        out = []
+        for op, b in zip(self._ops, self.layout.buckets):
+            c0 = self.rank * op.plan.chunk
+            bad = ~torch.isfinite(op.shard)
+            if bool(bad.any()):
+                for s in b.slots:
+                    lo, hi = max(s.offset, c0), min(s.offset + s.numel, c0 + op.plan.chunk)
+                    if lo < hi and bool(bad[lo - c0: hi - c0].any()):
+                        out.append(s.name)
+        return out
+
+    def _step_replicated(self, mult: float) -> None:
+        opt, masters = self.optimizer, self._masters
+        groups = [range(len(self.layout.buckets))] if not self.config.step_per_bucket else \
+            [[bi] for bi in range(len(self.layout.buckets))]
+        for bis in groups:
+            for bi in bis:
+                g = self.storage.bucket_fp32(bi).mul_(mult)
+                for s in self.layout.buckets[bi].slots:
+                    m = masters[s.index]
+                    m.grad = g[s.offset: s.offset + s.numel].view(s.shape).to(m.dtype)
+            opt.step()
+            for bi in bis:
+                for s in self.layout.buckets[bi].slots:
+                    masters[s.index].grad = None
+        if self.use_master:
+            for p, m in zip(self._params, masters):
+                p.copy_(m)  # one round-to-nearest-even cast to the model's dtype
+
+    def _step_sharded(self, mult: float) -> None:
+        for op, shard, b in zip(self._ops, self._shards, self.layout.buckets):
+            shard.grad = op.shard.mul_(mult)
+            self.optimizer.step()
+            shard.grad = None
+            dtypes = {self._params[s.index].dtype for s in b.slots}
+            dt = dtypes.pop() if len(dtypes) == 1 else torch.float32
+            mine = shard.detach().to(dt)
+            full = torch.empty(b.numel, dtype=dt, device=self.device)
+            self.backend.all_gather_bytes(full, mine, group=self.config.group)
+            for s in b.slots:
+                self._params[s.index].copy_(full[s.offset: s.offset + s.numel].view(s.shape))
+            op.shard = None
+
+    # ---- introspection ---------------------------------------------------------------------------------
+    @property
+    def gradient_bytes(self) -> int:
+        """Bytes of the persistent 8-bit gradient buffers (what replaces .grad / main_grad)."""
+        return self.storage.nbytes
+
+    def gradient(self, name: str) -> torch.Tensor:
+        """The accumulated gradient of parameter ``name`` dequantized to fp32 (for inspection)."""
+        try:
+            i = self.param_names.index(name)
+        except ValueError:
+            raise KeyError(f"no trainable parameter {name!r}; known: {self.param_names[:5]}...") from None
+        return self.storage.param_fp32(i)
+
+    def remove_hooks(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
