@@ -48,7 +48,7 @@ class TrainConfig:
     # optimisation (same for every arm)
     lr: float = 2e-3
     min_lr_ratio: float = 0.1       # cosine decay from lr to lr * min_lr_ratio
-    warmup_steps: int = 15
+    warmup_steps: int | None = None  # None = 10% of steps
     weight_decay: float = 0.1
     grad_clip: float = 1.0          # clip the global gradient norm (0 disables)
     optimizer: str = "adamw"        # baseline's optimizer: adamw (fp32 states)
@@ -82,6 +82,8 @@ class TrainConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+        if self.warmup_steps is None:
+            object.__setattr__(self, "warmup_steps", self.steps // 10)
         for name in ("warmup_steps", "eval_every", "threads", "pp_microbatches", "seed"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -171,8 +173,8 @@ def config_from_dict(values: dict[str, Any], *, source: str = "options") -> Trai
                 v = float(v)
             except ValueError:
                 raise ConfigError(f"{source}: {name} must be a number, got {v!r}") from None
-        elif _FIELDS[name].type in ("int", "float") and not isinstance(v, (int, float)) or (
-                _FIELDS[name].type in ("int", "float") and isinstance(v, bool)):
+        elif _FIELDS[name].type in ("int", "float", "int | None") and v is not None and (
+                not isinstance(v, (int, float)) or isinstance(v, bool)):
             raise ConfigError(f"{source}: {name} must be a number, got {v!r}")
         elif _FIELDS[name].type == "bool" and not isinstance(v, bool):
             raise ConfigError(f"{source}: {name} must be true or false, got {v!r}")

@@ -1,0 +1,148 @@
+"""The arms of a comparison: how each one wraps the same model, optimizer and gradient sync.
+
+Every arm builds its model from the same seed and trains on the same batches; they differ only in
+what this file sets up:
+
+| arm | activations (LAAQ) | gradients (QuanGrad) | optimizer |
+|---|---|---|---|
+| baseline | autograd's own (fp32 on CPU, bf16 autocast on accelerators) | ``.grad`` + DDP all-reduce | AdamW |
+| agoq | paper policy: norm / SiLU&Mul / out-proj inputs at 4 bits, attention core kept | FP8 E4M3 buffers, precision-preserving all-reduce | AdamW, or 8-bit AdamW with ``--agoq-optimizer adamw8bit`` |
+| uniform4-attn | everything 4-bit, attention core included | as agoq | as agoq |
+| naive-fp8-allreduce | as agoq | FP8, one shared scale, FP8 partial sums (FP8-LM) | as agoq |
+| int8-everywhere | everything int8, attention core included | int8 buffers | as agoq |
+
+An arm whose parts are not installed is reported as unavailable (with the reason); it is never
+replaced by something else.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from agoq_core.train.config import ABLATIONS, TrainConfig
+from agoq_core.train.memory import grad_bytes, optimizer_state_bytes
+from agoq_core.train.runtime import Runtime
+
+__all__ = ["Arm", "ArmUnavailable", "make_arm", "describe_arm"]
+
+
+class ArmUnavailable(RuntimeError):
+    """This arm cannot run here (a component is missing); the message says which and why."""
+
+
+_DESCRIPTIONS = {
+    "baseline": "plain training: autograd's saved activations, .grad tensors, DDP all-reduce, AdamW",
+    "agoq": "LAAQ (paper policy, 4-bit) + QuanGrad (FP8 E4M3 gradients, precision-preserving all-reduce)",
+    **ABLATIONS,
+}
+
+
+def describe_arm(name: str) -> str:
+    return _DESCRIPTIONS[name]
+
+
+@dataclass
+class Arm:
+    """One arm, set up on one process. The loop calls forward_backward per micro-batch, then step."""
+
+    name: str
+    model: torch.nn.Module          # the unwrapped model (eval, activation accounting)
+    rt: Runtime
+    cfg: TrainConfig
+    optimizer: Any = None
+    ddp: Any = None                 # the DDP wrapper (baseline with world > 1)
+    quangrad: Any = None            # QuanGrad's data-parallel wrapper (AGoQ arms)
+    notes: list[str] = field(default_factory=list)
+    laaq_report: Any = None
+
+    # ---- one optimizer step ---------------------------------------------------------------------
+    def forward_backward(self, batch: torch.Tensor, *, scale: float, last: bool,
+                         forward_ctx: Any = None) -> float:
+        """Forward and backward of one micro-batch; returns its (unscaled) mean token loss.
+
+        ``forward_ctx`` (a context manager) wraps the forward only, e.g. the saved-tensor counter:
+        tensors that backward's recomputation saves briefly are not activations held across the step.
+        """
+        batch = batch.to(self.rt.device, non_blocking=True)
+        if self.quangrad is not None:
+            sync = self.quangrad.no_sync() if (not last and hasattr(self.quangrad, "no_sync")) else \
+                contextlib.nullcontext()
+            fwd = self.quangrad
+        elif self.ddp is not None:
+            sync = self.ddp.no_sync() if not last else contextlib.nullcontext()
+            fwd = self.ddp
+        else:
+            sync, fwd = contextlib.nullcontext(), self.model
+        with sync:
+            with self.rt.autocast(), (forward_ctx or contextlib.nullcontext()):
+                loss = fwd(input_ids=batch, labels=batch).loss
+            (loss * scale).backward()
+        return float(loss.detach())
+
+    def grad_storage_bytes(self) -> int:
+        """Bytes holding gradients now (called after the last backward of a step, before the update)."""
+        extra = list(self.quangrad.gradient_buffers()) if self.quangrad is not None else []
+        return grad_bytes(self.model.parameters(), extra)
+
+    def step(self, lr: float) -> tuple[float, bool]:
+        """Apply the update at learning rate ``lr``; returns (global grad norm before clipping, skipped)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        if self.quangrad is not None:
+            out = self.quangrad.step()
+            return float(out.grad_norm), bool(out.skipped)
+        clip = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        norm_f = float(norm)
+        skipped = not math.isfinite(norm_f)
+        if not skipped:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm_f, skipped
+
+    def optimizer_state_bytes(self) -> int:
+        return optimizer_state_bytes(self.optimizer)
+
+    def close(self) -> None:
+        if self.laaq_report is not None and hasattr(self.laaq_report, "undo"):
+            self.laaq_report.undo()
+
+
+def _adamw(params, cfg: TrainConfig, kind: str):
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]  # norms' weights, as LLaMA recipes do
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if kind == "adamw8bit":
+        try:
+            import bitsandbytes as bnb
+        except ModuleNotFoundError as exc:
+            raise ArmUnavailable("agoq_optimizer='adamw8bit' needs bitsandbytes (pip install bitsandbytes)") from exc
+        return bnb.optim.AdamW8bit(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def _baseline(model: torch.nn.Module, rt: Runtime, cfg: TrainConfig) -> Arm:
+    arm = Arm(name="baseline", model=model, rt=rt, cfg=cfg)
+    if rt.world > 1:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        # gradient_as_bucket_view: the .grad tensors are views into DDP's buckets, so the measured
+        # gradient bytes are what DDP really holds (otherwise it keeps a second, hidden copy).
+        arm.ddp = DDP(model, device_ids=None if rt.device.type == "cpu" else [rt.device.index],
+                      gradient_as_bucket_view=True)
+        arm.notes.append(f"DDP over {rt.world} ranks ({rt.dist_backend})")
+    arm.optimizer = _adamw(list(model.parameters()), cfg, cfg.optimizer)
+    return arm
+
+
+def make_arm(name: str, model: torch.nn.Module, rt: Runtime, cfg: TrainConfig) -> Arm:
+    """Set up arm ``name`` around ``model`` (already on rt.device). Raises ArmUnavailable if it cannot run."""
+    if name == "baseline":
+        return _baseline(model, rt, cfg)
+    from agoq_core.train.agoq_arm import make_agoq_arm
+
+    return make_agoq_arm(name, model, rt, cfg)

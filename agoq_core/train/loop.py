@@ -1,0 +1,226 @@
+"""Train one arm: the step loop, evaluation, timing and the measured memory of that arm."""
+from __future__ import annotations
+
+import gc
+import math
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from agoq_core.train.arms import ArmUnavailable, describe_arm, make_arm
+from agoq_core.train.config import TrainConfig
+from agoq_core.train.data import Corpus
+from agoq_core.train.memory import SavedTensorCounter
+from agoq_core.train.models import build_model, count_parameters
+from agoq_core.train.runtime import Runtime
+
+__all__ = ["ArmResult", "train_arm", "lr_at", "TRAIN_LOSS_WINDOW"]
+
+# The "final train loss" of the table is the mean over the last steps: one step's loss on 1K tokens
+# swings by ~0.1 nats at this scale, which would hide a 1% difference between arms.
+TRAIN_LOSS_WINDOW = 10
+
+
+@dataclass
+class ArmResult:
+    name: str
+    description: str
+    status: str = "ok"                     # ok | unavailable | failed
+    reason: str = ""
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    evals: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    params: int = 0
+    tokens_per_s: float | None = None
+    train_seconds: float = 0.0
+    memory: dict[str, int | None] = field(default_factory=dict)
+
+    @property
+    def final_val_loss(self) -> float | None:
+        return self.evals[-1]["val_loss"] if self.evals else None
+
+    @property
+    def final_train_loss(self) -> float | None:
+        tail = [r["loss"] for r in self.steps[-TRAIN_LOSS_WINDOW:]]
+        return sum(tail) / len(tail) if tail else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "description": self.description, "status": self.status, "reason": self.reason,
+            "params": self.params, "final_train_loss": self.final_train_loss,
+            "final_val_loss": self.final_val_loss, "tokens_per_s": self.tokens_per_s,
+            "train_seconds": self.train_seconds, "memory": dict(self.memory), "notes": list(self.notes),
+            "evals": list(self.evals),
+        }
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up to ``lr`` over ``warmup_steps``, then cosine decay to ``lr * min_lr_ratio``."""
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    span = max(1, cfg.steps - cfg.warmup_steps - 1)
+    t = min(1.0, (step - cfg.warmup_steps) / span)
+    lo = cfg.lr * cfg.min_lr_ratio
+    return lo + 0.5 * (cfg.lr - lo) * (1.0 + math.cos(math.pi * t))
+
+
+def _all_reduce_sum(values: list[float], rt: Runtime) -> list[float]:
+    if rt.world == 1:
+        return values
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64, device=rt.device if rt.dist_backend != "gloo" else "cpu")
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def _sync(rt: Runtime) -> None:
+    if rt.device.type != "cpu":
+        torch.get_device_module(rt.device.type).synchronize(rt.device)
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, corpus: Corpus, cfg: TrainConfig, rt: Runtime) -> float:
+    """Mean next-token loss over the held-out windows (split across data-parallel ranks)."""
+    was_training = model.training
+    model.eval()
+    total = count = 0.0
+    for i, batch in enumerate(corpus.eval_batches(cfg.micro_batch)):
+        if i % rt.world != rt.rank:
+            continue
+        batch = batch.to(rt.device)
+        with rt.autocast():
+            loss = model(input_ids=batch, labels=batch).loss
+        n = batch.shape[0] * (batch.shape[1] - 1)  # HF shifts labels: seq_len - 1 targets per window
+        total += float(loss) * n
+        count += n
+    total, count = _all_reduce_sum([total, count], rt)
+    model.train(was_training)
+    return total / count
+
+
+def train_arm(name: str, cfg: TrainConfig, rt: Runtime, corpus: Corpus,
+              sink: Callable[[dict[str, Any]], None] | None = None) -> ArmResult:
+    """Build the model from the run's seed, set up arm ``name`` and train it for ``cfg.steps`` steps."""
+    res = ArmResult(name=name, description=describe_arm(name))
+    model = build_model(cfg.model, vocab_size=corpus.vocab_size, seq_len=cfg.seq_len, seed=cfg.seed,
+                        device=rt.device)
+    res.params = count_parameters(model)
+    try:
+        arm = make_arm(name, model, rt, cfg)
+    except ArmUnavailable as exc:
+        res.status, res.reason = "unavailable", str(exc)
+        return res
+    res.notes += arm.notes
+    model.train()
+    emit = sink or (lambda rec: None)
+    bar = _progress(name, cfg, rt)
+    mem_stats = _device_mem(rt)
+    if mem_stats is not None:
+        _sync(rt)
+        mem_stats.reset_peak_memory_stats(rt.device)
+    scale = 1.0 / cfg.grad_accum
+    timed_seconds, timed_tokens = 0.0, 0
+    try:
+        for step in range(cfg.steps):
+            lr = lr_at(step, cfg)
+            batches = corpus.step_batches(step, seed=cfg.seed, micro_batch=cfg.micro_batch,
+                                          grad_accum=cfg.grad_accum, dp=rt.world, rank=rt.rank)
+            _sync(rt)
+            t0 = time.perf_counter()
+            losses = []
+            for k, batch in enumerate(batches):
+                last = k == len(batches) - 1
+                if step == 0 and k == 0:
+                    losses.append(_measured_micro_batch(arm, batch, scale, last, res))
+                else:
+                    losses.append(arm.forward_backward(batch, scale=scale, last=last))
+            if step == 0:
+                res.memory["gradients"] = arm.grad_storage_bytes()
+            grad_norm, skipped = arm.step(lr)
+            _sync(rt)
+            dt = time.perf_counter() - t0
+            if step == 0:
+                res.memory["optimizer_state"] = arm.optimizer_state_bytes()
+            else:  # step 0 pays one-time costs (optimizer state allocation, lazy init)
+                timed_seconds += dt
+                timed_tokens += cfg.tokens_per_step
+            loss = _all_reduce_sum([sum(losses) / len(losses)], rt)[0] / rt.world
+            rec = {"kind": "step", "arm": name, "step": step + 1, "loss": loss, "lr": lr,
+                   "grad_norm": grad_norm, "skipped": skipped, "seconds": dt,
+                   "tokens": (step + 1) * cfg.tokens_per_step}
+            res.steps.append(rec)
+            emit(rec)
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"arm {name}: loss became {loss} at step {step + 1}")
+            if (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step + 1 == cfg.steps:
+                val = evaluate(arm.model, corpus, cfg, rt)
+                ev = {"kind": "eval", "arm": name, "step": step + 1, "val_loss": val,
+                      "tokens": (step + 1) * cfg.tokens_per_step}
+                res.evals.append(ev)
+                emit(ev)
+            if bar is not None:
+                post = {"loss": f"{loss:.3f}", "gnorm": f"{grad_norm:.2f}"}
+                if res.evals:
+                    post["val"] = f"{res.evals[-1]['val_loss']:.3f}"
+                if timed_seconds:
+                    post["tok/s"] = f"{timed_tokens / timed_seconds:,.0f}"
+                bar.set_postfix(post, refresh=False)
+                bar.update(1)
+    except Exception as exc:  # reported in the table; the other arms still run
+        res.status = "failed"
+        res.reason = f"{type(exc).__name__}: {exc}"
+        res.notes.append(traceback.format_exc(limit=6))
+    finally:
+        if bar is not None:
+            bar.close()
+    res.train_seconds = timed_seconds
+    res.tokens_per_s = timed_tokens / timed_seconds if timed_seconds else None
+    if mem_stats is not None:
+        _sync(rt)
+        res.memory["peak_device"] = int(mem_stats.max_memory_allocated(rt.device))
+    arm.close()
+    del arm, model
+    gc.collect()
+    return res
+
+
+def _measured_micro_batch(arm, batch: torch.Tensor, scale: float, last: bool, res: ArmResult) -> float:
+    """The first micro-batch runs under the saved-tensor counter: the arm's activation memory."""
+    layers = _decoder_layers(arm.model)
+    counter = SavedTensorCounter(exclude=list(arm.model.parameters()) + list(arm.model.buffers()),
+                                 regions={"decoder_layers": layers})
+    loss = arm.forward_backward(batch, scale=scale, last=last, forward_ctx=counter.measure())
+    by_region = counter.bytes_by_region()
+    res.memory["activations"] = counter.bytes
+    res.memory["activations_decoder_layers"] = by_region["decoder_layers"]
+    res.memory["activations_other"] = by_region["other"]
+    return loss
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    return list(layers) if layers is not None else []
+
+
+def _device_mem(rt: Runtime):
+    if rt.device.type == "cpu":
+        return None
+    mod = torch.get_device_module(rt.device.type)
+    return mod if hasattr(mod, "max_memory_allocated") else None
+
+
+def _progress(name: str, cfg: TrainConfig, rt: Runtime):
+    if not (cfg.progress and rt.is_main):
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ModuleNotFoundError:  # tqdm is in the [train] extra; run without a bar rather than fail
+        return None
+    return tqdm(total=cfg.steps, desc=f"{name:>20s}", unit="step", file=sys.stderr, dynamic_ncols=True,
+                leave=True, mininterval=0.5)
