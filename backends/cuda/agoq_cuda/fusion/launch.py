@@ -1,0 +1,297 @@
+"""Launchers of the fused GEMMs: eligibility, argument checks, tile configs (autotuned on GPU), chunking.
+
+Two entry points per kernel, flat-buffer style like the codec launchers (the caller allocates):
+:func:`gemm_quant_epilogue_into` and :func:`gemm_dequant_prologue_into`; and a ``*_unsupported`` function
+each that says, before any launch, why a call cannot be fused (``None`` = it can). LAAQ asks that first and
+runs the unfused composition when there is a reason, logging it once; it never catches a failed launch.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from agoq_core.formats.spec import FormatSpec
+from agoq_cuda.fusion import kernels as K
+from agoq_triton_kernels.codes import NF4_LEVELS_KERNEL
+from agoq_triton_kernels.layout import KIND_IDS
+
+__all__ = [
+    "TileConfig", "is_interpreted", "epilogue_unsupported", "prologue_unsupported",
+    "gemm_quant_epilogue_into", "gemm_dequant_prologue_into", "MAX_FUSED_BLOCK",
+]
+
+_FLOAT = {torch.bfloat16: 1, torch.float16: 2}
+
+#: Largest block the fused kernels take: a tile must hold whole blocks and the widest tile is 256
+#: columns (a 128x256 fp32 accumulator is already 128 registers/thread at 8 warps).
+MAX_FUSED_BLOCK = 256
+
+#: Offsets inside the kernels are int32; every tensor a launch indexes must span fewer elements.
+_MAX_INDEX = 2**31 - 1
+
+
+def is_interpreted() -> bool:
+    """Whether the fused kernels were decorated under TRITON_INTERPRET (fixed at import time)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(K.gemm_quant_epilogue_kernel, InterpretedFunction)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TileConfig:
+    """One tile shape. Epilogue GEMM: block_m x block_n output tile, block_k reduction step.
+    Prologue GEMM (dW[N, K]): block_m x block_n is the dW tile (N rows x K columns), block_k the
+    token step of the reduction."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int = 8
+    num_warps: int = 8
+    num_stages: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n", "block_k"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 16 or v & (v - 1):
+                raise ValueError(f"TileConfig.{name} must be a power of two >= 16 (tl.dot needs >= 16), got {v!r}")
+        if self.group_m < 1:
+            raise ValueError(f"TileConfig.group_m must be >= 1, got {self.group_m}")
+
+
+# Interpreter: each program instance costs ~8 ms of Python plus numpy time proportional to its tile;
+# big tiles and few programs are fastest (tests override with small tiles to cover edges).
+_INTERP_EPILOGUE = TileConfig(block_m=64, block_n=256, block_k=64, num_warps=4, num_stages=1)
+_INTERP_PROLOGUE = TileConfig(block_m=128, block_n=256, block_k=64, num_warps=4, num_stages=1)
+
+# H200 (Hopper, 228 KiB shared memory/SM): the tile shapes Triton's own Hopper matmul benchmarks favour for
+# bf16, restricted to block_n >= 128 so a tile holds whole 128-element blocks. 128x256x64 at 3 stages is
+# (128*64 + 64*256) * 2 B * 3 = 144 KiB of shared memory; 4 stages of 128x128x64 is 128 KiB.
+_GPU_CONFIGS = (
+    TileConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3),
+    TileConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4),
+    TileConfig(block_m=256, block_n=128, block_k=64, num_warps=8, num_stages=3),
+    TileConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4),
+    TileConfig(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4),
+    TileConfig(block_m=64, block_n=256, block_k=64, num_warps=4, num_stages=4),
+    TileConfig(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3),
+)
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+@functools.cache
+def _nf4_lut(device: torch.device) -> torch.Tensor:
+    return torch.tensor(NF4_LEVELS_KERNEL, dtype=torch.float32, device=device)
+
+
+def _format_args(spec: FormatSpec) -> dict:
+    return {"KIND": KIND_IDS[spec.kind], "BITS": spec.bits, "BLOCK": spec.block}
+
+
+def _kernel_view(t: torch.Tensor | None) -> torch.Tensor | None:
+    """bf16 crosses into the interpreter as int16 bits (its bf16 loads flush subnormals, its cast truncates)."""
+    if t is not None and t.dtype == torch.bfloat16 and is_interpreted():
+        return t.view(torch.int16)
+    return t
+
+
+def _expected_device() -> str:
+    return "cpu" if is_interpreted() else "cuda"
+
+
+def _block_reason(spec: FormatSpec, dim: int, dim_name: str) -> str | None:
+    b = spec.block
+    if b & (b - 1) or b > MAX_FUSED_BLOCK:
+        return (f"block {b} of {spec.name} is not a power of two <= {MAX_FUSED_BLOCK} (a fused tile must hold whole "
+                f"blocks in registers)")
+    if dim % b:
+        return (f"{dim_name}={dim} is not a multiple of the block {b}, so blocks would straddle rows of the "
+                f"flattened tensor")
+    return None
+
+
+def _span(t: torch.Tensor) -> int:
+    """Elements between the first and last addressed element, +1 (what int32 offsets must cover)."""
+    return 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()) if s > 0)
+
+
+def epilogue_unsupported(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                         spec: FormatSpec) -> str | None:
+    """Why ``y = x Wᵀ + b`` with y quantized in ``spec`` cannot run fused here (None: it can)."""
+    dev = _expected_device()
+    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
+        if t is None:
+            continue
+        if t.device.type != dev:
+            return f"{name} is on {t.device}, the fused kernels run on {dev} tensors"
+        if t.dtype not in _FLOAT:
+            return (f"{name} is {t.dtype}; the fused GEMMs take bfloat16 or float16 (an fp32 Triton dot would run in "
+                    f"tf32, which is not torch's fp32 GEMM)")
+        if t.dtype != x.dtype:
+            return f"{name} is {t.dtype} but x is {x.dtype}"
+    if x.dim() < 1 or weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
+        return f"shapes do not form a linear: x {tuple(x.shape)}, weight {tuple(weight.shape)}"
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0]):
+        return f"bias has shape {tuple(bias.shape)}, want ({weight.shape[0]},)"
+    if x.shape[-1] == 0 or weight.shape[0] == 0:
+        return "empty K or N"
+    if _span(weight) > _MAX_INDEX:
+        return f"weight spans {_span(weight)} elements, more than the kernels' int32 offsets address"
+    return _block_reason(spec, weight.shape[0], "N (output features)")
+
+
+def prologue_unsupported(grad: torch.Tensor, spec: FormatSpec, k: int) -> str | None:
+    """Why ``dW = gradᵀ · D(X)`` (X: M x k, kept in ``spec``) cannot run fused here (None: it can)."""
+    dev = _expected_device()
+    if grad.device.type != dev:
+        return f"grad is on {grad.device}, the fused kernels run on {dev} tensors"
+    if grad.dtype not in _FLOAT:
+        return f"grad is {grad.dtype}; the fused GEMMs take bfloat16 or float16"
+    if grad.dim() < 1 or grad.shape[-1] == 0 or k <= 0:
+        return "empty N or K"
+    m = grad.numel() // grad.shape[-1]
+    if m * k > _MAX_INDEX or _span(grad) > _MAX_INDEX or grad.shape[-1] * k > _MAX_INDEX:
+        return (f"M={m}, N={grad.shape[-1]}, K={k} need offsets beyond int32 (M*K, M*N and N*K must stay "
+                f"below 2**31)")
+    return _block_reason(spec, k, "K (input features)")
+
+
+def _check_codes(spec: FormatSpec, n: int, codes: torch.Tensor, scales: torch.Tensor, device, what: str) -> None:
+    if codes.dtype != torch.uint8 or scales.dtype != torch.float32:
+        raise TypeError(f"{what}: want uint8 codes and float32 scales, got {codes.dtype} and {scales.dtype}")
+    if codes.numel() != spec.code_bytes(n) or scales.numel() != spec.num_blocks(n):
+        raise ValueError(f"{what}: {n} elements of {spec.name}/block {spec.block} need {spec.code_bytes(n)} code "
+                         f"bytes and {spec.num_blocks(n)} scales, got {codes.numel()} and {scales.numel()}")
+    for name, t in (("codes", codes), ("scales", scales)):
+        if not t.is_contiguous():
+            raise ValueError(f"{what}: {name} must be contiguous")
+        if t.device != device:
+            raise ValueError(f"{what}: {name} is on {t.device} but the operands are on {device}")
+
+
+# ---- autotuned wrappers (GPU only: the interpreter has no benchmarker for multi-config autotune) ------------
+def _triton_configs(kind: str):
+    import triton
+
+    out = []
+    for c in _GPU_CONFIGS:
+        if kind == "epilogue":
+            kw = {"BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k, "GROUP_M": c.group_m}
+        else:
+            kw = {"BLOCK_N": c.block_m, "BLOCK_K": c.block_n, "BLOCK_R": c.block_k, "GROUP_M": c.group_m}
+        out.append(triton.Config(kw, num_warps=c.num_warps, num_stages=c.num_stages))
+    return out
+
+
+def _prune(tile_key: str):
+    def prune(configs, nargs, **kwargs):
+        block = kwargs.get("BLOCK", nargs.get("BLOCK"))
+        kept = [c for c in configs if c.kwargs[tile_key] % block == 0]
+        if not kept:  # cannot happen for block <= MAX_FUSED_BLOCK; keep the error explicit if it does
+            raise ValueError(f"no fused tile config holds whole blocks of {block}")
+        return kept
+    return prune
+
+
+@functools.cache
+def _tuned(kind: str):
+    import triton
+
+    if kind == "epilogue":
+        fn = triton.heuristics({"EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0})(K.gemm_quant_epilogue_kernel)
+        return triton.autotune(configs=_triton_configs(kind), key=["M_KEY", "N", "K", "KIND", "BITS", "BLOCK",
+                                                                    "HAS_BIAS"],
+                               prune_configs_by={"early_config_prune": _prune("BLOCK_N")})(fn)
+    return triton.autotune(configs=_triton_configs(kind), key=["M_KEY", "N", "K", "KIND", "BITS", "BLOCK"],
+                           prune_configs_by={"early_config_prune": _prune("BLOCK_K")})(K.gemm_dequant_prologue_kernel)
+
+
+# ---- forward -------------------------------------------------------------------------------------------
+def gemm_quant_epilogue_into(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, spec: FormatSpec,
+                             out: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, *,
+                             config: TileConfig | None = None) -> None:
+    """out[M, N] = round(x[M, K] @ weight[N, K]ᵀ + bias) and (codes, scales) = Q_spec(out flattened).
+
+    ``x`` and ``weight`` may have any strides; ``out`` must be contiguous. ``config`` pins a tile shape
+    (tests; on GPU it replaces autotuning)."""
+    if x.dim() != 2:
+        raise ValueError(f"gemm_quant_epilogue_into: x must be 2-D [M, K], got shape {tuple(x.shape)}")
+    reason = epilogue_unsupported(x, weight, bias, spec)
+    if reason:
+        raise ValueError(f"gemm_quant_epilogue_into: cannot fuse: {reason}")
+    m, k = x.shape
+    n = weight.shape[0]
+    if out.shape != (m, n) or out.dtype != x.dtype or not out.is_contiguous() or out.device != x.device:
+        raise ValueError(f"gemm_quant_epilogue_into: out must be a contiguous {x.dtype} tensor of shape ({m}, {n}) "
+                         f"on {x.device}, got {out.dtype} {tuple(out.shape)} on {out.device}")
+    _check_codes(spec, m * n, codes, scales, x.device, "gemm_quant_epilogue_into")
+    if m == 0:
+        return
+    interp = is_interpreted()
+    # Split the rows so that every launch's x, out and codes stay below int32 offsets.
+    per_row = max(n, x.stride(0), 1)
+    rows = max(1, (_MAX_INDEX - _span(x[:1])) // per_row)
+    fmt = _format_args(spec)
+    fmt["QMAX"] = float(spec.qmax)
+    xv, wv, bv, ov = (_kernel_view(t) for t in (x, weight, bias, out))
+    cv = codes.view(torch.int8)
+    row_bytes, row_blocks = spec.code_bytes(n), n // spec.block
+    for r0 in range(0, m, rows):
+        mm = min(rows, m - r0)
+        args = (xv[r0:r0 + mm], wv, bv if bv is not None else ov, ov[r0:r0 + mm],
+                cv[r0 * row_bytes:(r0 + mm) * row_bytes], scales[r0 * row_blocks:(r0 + mm) * row_blocks],
+                mm, n, k, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), _pow2_at_least(mm))
+        common = dict(HAS_BIAS=bias is not None, FLOAT=_FLOAT[x.dtype], INTERP=interp, **fmt)
+        cfg = config or (_INTERP_EPILOGUE if interp else None)
+        if cfg is None:
+            _tuned("epilogue")[lambda meta: (triton_cdiv(mm, meta["BLOCK_M"]) * triton_cdiv(n, meta["BLOCK_N"]),)](
+                *args, **common)
+        else:
+            bn = max(cfg.block_n, spec.block)  # both powers of two: the tile holds whole blocks
+            grid = (triton_cdiv(mm, cfg.block_m) * triton_cdiv(n, bn),)
+            K.gemm_quant_epilogue_kernel[grid](*args, **common, BLOCK_M=cfg.block_m, BLOCK_N=bn,
+                                               BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, EVEN_K=k % cfg.block_k == 0,
+                                               num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+# ---- backward ------------------------------------------------------------------------------------------
+def gemm_dequant_prologue_into(grad: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, spec: FormatSpec,
+                               k: int, out: torch.Tensor, *, config: TileConfig | None = None) -> None:
+    """out[N, K] = round(grad[M, N]ᵀ @ D(codes, scales)[M, K]), D rounded to grad's dtype first (as the
+    unfused path materialises it). ``grad`` may have any strides; ``out`` must be contiguous."""
+    if grad.dim() != 2:
+        raise ValueError(f"gemm_dequant_prologue_into: grad must be 2-D [M, N], got shape {tuple(grad.shape)}")
+    reason = prologue_unsupported(grad, spec, k)
+    if reason:
+        raise ValueError(f"gemm_dequant_prologue_into: cannot fuse: {reason}")
+    m, n = grad.shape
+    if out.shape != (n, k) or out.dtype != grad.dtype or not out.is_contiguous() or out.device != grad.device:
+        raise ValueError(f"gemm_dequant_prologue_into: out must be a contiguous {grad.dtype} tensor of shape "
+                         f"({n}, {k}) on {grad.device}, got {out.dtype} {tuple(out.shape)} on {out.device}")
+    _check_codes(spec, m * k, codes, scales, grad.device, "gemm_dequant_prologue_into")
+    if m == 0:
+        out.zero_()  # an empty sum
+        return
+    interp = is_interpreted()
+    args = (_kernel_view(grad), codes.view(torch.int8), scales, _nf4_lut(grad.device), _kernel_view(out),
+            m, n, k, grad.stride(0), grad.stride(1), _pow2_at_least(m))
+    common = dict(FLOAT=_FLOAT[grad.dtype], INTERP=interp, NF4_LUT=True, **_format_args(spec))
+    cfg = config or (_INTERP_PROLOGUE if interp else None)
+    if cfg is None:
+        _tuned("prologue")[lambda meta: (triton_cdiv(n, meta["BLOCK_N"]) * triton_cdiv(k, meta["BLOCK_K"]),)](
+            *args, **common)
+    else:
+        bk = max(cfg.block_n, spec.block)
+        grid = (triton_cdiv(n, cfg.block_m) * triton_cdiv(k, bk),)
+        K.gemm_dequant_prologue_kernel[grid](*args, **common, BLOCK_N=cfg.block_m, BLOCK_K=bk, BLOCK_R=cfg.block_k,
+                                             GROUP_M=cfg.group_m, num_warps=cfg.num_warps,
+                                             num_stages=cfg.num_stages)
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
