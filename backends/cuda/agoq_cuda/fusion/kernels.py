@@ -40,15 +40,20 @@ _F16 = tl.constexpr(2)
 
 
 @triton.jit
-def _load16(ptr, mask, FLOAT: tl.constexpr, INTERP: tl.constexpr):
-    """A 16-bit tile as a dot operand: itself on GPU, exact fp32 in the interpreter (bf16 from int16 bits)."""
+def _load16(ptr, mask, FLOAT: tl.constexpr, INTERP: tl.constexpr, MASKED: tl.constexpr):
+    """A 16-bit tile as a dot operand: itself on GPU, exact fp32 in the interpreter (bf16 from int16 bits).
+    Masked-off lanes read 0. (tl.load refuses ``other`` without a mask, hence MASKED.)"""
+    if MASKED:
+        v = tl.load(ptr, mask=mask, other=0)
+    else:
+        v = tl.load(ptr)
     if INTERP:
         if FLOAT == 1:
-            return bf16_bits_to_f32(tl.load(ptr, mask=mask, other=0))
+            return bf16_bits_to_f32(v)
         else:
-            return tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+            return v.to(tl.float32)
     else:
-        return tl.load(ptr, mask=mask, other=0.0)
+        return v
 
 
 @triton.jit
@@ -88,12 +93,8 @@ def _epi_step(x_ptr, w_ptr, acc, kt, K, rm, rn, stride_xm, stride_xk, stride_wn,
     rk = kt * BLOCK_K + tl.arange(0, BLOCK_K)
     a_ptrs = x_ptr + rm[:, None] * stride_xm + rk[None, :] * stride_xk
     b_ptrs = w_ptr + rk[:, None] * stride_wk + rn[None, :] * stride_wn
-    if EVEN_K:
-        a = _load16(a_ptrs, None, FLOAT, INTERP)
-        b = _load16(b_ptrs, None, FLOAT, INTERP)
-    else:
-        a = _load16(a_ptrs, rk[None, :] < K, FLOAT, INTERP)
-        b = _load16(b_ptrs, rk[:, None] < K, FLOAT, INTERP)
+    a = _load16(a_ptrs, rk[None, :] < K, FLOAT, INTERP, not EVEN_K)
+    b = _load16(b_ptrs, rk[:, None] < K, FLOAT, INTERP, not EVEN_K)
     return tl.dot(a, b, acc)
 
 
@@ -164,7 +165,7 @@ def _pro_step(g_ptr, codes_ptr, scales_ptr, lut_ptr, acc, mt, M, K, rn, jb, stri
     rr = mt * BLOCK_R + tl.arange(0, BLOCK_R)
     ok_r = rr < M
     # A = dYᵀ tile [BLOCK_N, BLOCK_R]; rows past M read as 0 (they must add exactly nothing).
-    a = _load16(g_ptr + rn[:, None] * stride_gn + rr[None, :] * stride_gm, ok_r[None, :], FLOAT, INTERP)
+    a = _load16(g_ptr + rn[:, None] * stride_gn + rr[None, :] * stride_gm, ok_r[None, :], FLOAT, INTERP, True)
     # B = D(X) tile [BLOCK_R, BLOCK_K], decoded block by block (BLOCK_K // BLOCK blocks per row).
     NBT: tl.constexpr = BLOCK_K // BLOCK
     n = M * K
