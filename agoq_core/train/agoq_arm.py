@@ -1,26 +1,76 @@
-"""The AGoQ arms: LAAQ on the model's activations + QuanGrad on its gradients (+ DBCA-PP with --pp)."""
+"""The AGoQ arms: LAAQ on the model's activations + QuanGrad on its gradients.
+
+Each arm is a recipe: an LAAQ policy (agoq_core.laaq.LAAQConfig) and a QuanGrad config
+(agoq_core.quangrad.QuanGradConfig). The model is converted in place by ``laaq.apply`` (undone when
+the arm ends) and wrapped by ``QuanGradDDP``, which owns the optimizer (it steps fp32 master copies
+when the parameters are not fp32) and reduces the 8-bit gradients across data-parallel ranks. With
+``--pp`` the per-stage LAAQ policies come from the DBCA-PP planner (agoq_core/train/pipeline.py).
+"""
 from __future__ import annotations
 
-from agoq_core.train.arms import Arm, ArmUnavailable
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from agoq_core.train.arms import Arm, ArmUnavailable, _adamw
 from agoq_core.train.config import TrainConfig
 from agoq_core.train.runtime import Runtime
 
-__all__ = ["make_agoq_arm"]
+__all__ = ["make_agoq_arm", "RECIPES", "laaq_policy", "quangrad_config"]
 
 
-def _require(module: str, attr: str, what: str):
+@dataclass(frozen=True)
+class Recipe:
+    laaq: Callable[[Any], Any]          # LAAQConfig class -> policy
+    quangrad: dict[str, Any]            # QuanGradConfig fields
+
+
+# The 4-bit format is LAAQ's default (int4, block 128) for both the paper policy and the naive
+# uniform one, so the uniform4-attn ablation changes *where* 4 bits are used, nothing else.
+RECIPES: dict[str, Recipe] = {
+    "agoq": Recipe(laaq=lambda C: C.paper(), quangrad={"fmt": "fp8_e4m3", "collective": "quangrad"}),
+    "uniform4-attn": Recipe(laaq=lambda C: C.uniform(C().norm_input, include_attention=True),
+                            quangrad={"fmt": "fp8_e4m3", "collective": "quangrad"}),
+    "naive-fp8-allreduce": Recipe(laaq=lambda C: C.paper(), quangrad={"fmt": "fp8_e4m3", "collective": "naive_fp8"}),
+    "int8-everywhere": Recipe(laaq=lambda C: C.uniform("int8", include_attention=True),
+                              quangrad={"fmt": "int8", "collective": "quangrad"}),
+}
+
+
+def _import(module: str, what: str):
     import importlib
 
     try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        raise ArmUnavailable(f"{what} is not available: {module} is not installed ({exc})") from None
-    if not hasattr(mod, attr):
-        raise ArmUnavailable(f"{what} is not available yet: {module} has no {attr!r}")
-    return getattr(mod, attr)
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ArmUnavailable(f"{what} is not available: importing {module} failed ({exc})") from None
 
 
-def make_agoq_arm(name: str, model, rt: Runtime, cfg: TrainConfig) -> Arm:
-    _require("agoq_core.laaq", "apply", "LAAQ (activation quantization)")
-    _require("agoq_core.quangrad", "QuanGradDDP", "QuanGrad (8-bit gradients)")
-    raise ArmUnavailable("the AGoQ arm is not wired yet")  # replaced when LAAQ and QuanGrad land
+def laaq_policy(name: str):
+    """The LAAQConfig arm ``name`` uses (layer overrides from a pipeline plan are added by the caller)."""
+    laaq = _import("agoq_core.laaq", "LAAQ (activation quantization)")
+    return RECIPES[name].laaq(laaq.LAAQConfig)
+
+
+def quangrad_config(name: str, cfg: TrainConfig, group: Any = None):
+    qg = _import("agoq_core.quangrad", "QuanGrad (8-bit gradients)")
+    return qg.QuanGradConfig(**RECIPES[name].quangrad, max_grad_norm=cfg.grad_clip or None, group=group)
+
+
+def make_agoq_arm(name: str, model, rt: Runtime, cfg: TrainConfig, *, laaq_config: Any = None,
+                  group: Any = None) -> Arm:
+    laaq = _import("agoq_core.laaq", "LAAQ (activation quantization)")
+    qg_mod = _import("agoq_core.quangrad", "QuanGrad (8-bit gradients)")
+    policy = laaq_config if laaq_config is not None else laaq_policy(name)
+    qcfg = quangrad_config(name, cfg, group)
+    arm = Arm(name=name, model=model, rt=rt, cfg=cfg)
+    arm.laaq_report = laaq.apply(model, policy)
+    try:
+        wrapper = qg_mod.QuanGradDDP(model, lambda ps: _adamw(ps, cfg, cfg.agoq_optimizer), config=qcfg)
+    except BaseException:
+        arm.laaq_report.undo()
+        raise
+    arm.quangrad = wrapper
+    arm.optimizer = wrapper.optimizer
+    arm.notes.append(str(arm.laaq_report))
+    arm.notes.append(str(wrapper.report))
+    return arm

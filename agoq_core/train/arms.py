@@ -85,7 +85,9 @@ class Arm:
 
     def grad_storage_bytes(self) -> int:
         """Bytes holding gradients now (called after the last backward of a step, before the update)."""
-        extra = list(self.quangrad.gradient_buffers()) if self.quangrad is not None else []
+        extra: list[torch.Tensor] = []
+        if self.quangrad is not None:  # QuanGrad's 8-bit codes and fp32 block scales, per bucket
+            extra = [*self.quangrad.storage.codes, *self.quangrad.storage.scales]
         return grad_bytes(self.model.parameters(), extra)
 
     def step(self, lr: float) -> tuple[float, bool]:
@@ -108,7 +110,9 @@ class Arm:
         return optimizer_state_bytes(self.optimizer)
 
     def close(self) -> None:
-        if self.laaq_report is not None and hasattr(self.laaq_report, "undo"):
+        if self.quangrad is not None:
+            self.quangrad.remove_hooks()
+        if self.laaq_report is not None:
             self.laaq_report.undo()
 
 

@@ -1,6 +1,7 @@
 """Train one arm: the step loop, evaluation, timing and the measured memory of that arm."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import sys
@@ -38,6 +39,7 @@ class ArmResult:
     tokens_per_s: float | None = None
     train_seconds: float = 0.0
     memory: dict[str, int | None] = field(default_factory=dict)
+    activation_detail: dict[str, Any] | None = None   # per layer and part, from LAAQ's meter
 
     @property
     def final_val_loss(self) -> float | None:
@@ -54,7 +56,7 @@ class ArmResult:
             "params": self.params, "final_train_loss": self.final_train_loss,
             "final_val_loss": self.final_val_loss, "tokens_per_s": self.tokens_per_s,
             "train_seconds": self.train_seconds, "memory": dict(self.memory), "notes": list(self.notes),
-            "evals": list(self.evals),
+            "evals": list(self.evals), "activation_detail": self.activation_detail,
         }
 
 
@@ -190,16 +192,43 @@ def train_arm(name: str, cfg: TrainConfig, rt: Runtime, corpus: Corpus,
 
 
 def _measured_micro_batch(arm, batch: torch.Tensor, scale: float, last: bool, res: ArmResult) -> float:
-    """The first micro-batch runs under the saved-tensor counter: the arm's activation memory."""
-    layers = _decoder_layers(arm.model)
+    """The first micro-batch runs under a saved-bytes meter: the arm's activation memory.
+
+    LAAQ's meter (agoq_core.laaq.SavedBytesMeter) is used when LAAQ is installed: besides autograd's
+    saved tensors it hears what LAAQ stores itself, including what its attention hooks keep (those
+    hooks hide any outer saved_tensors_hooks). Without LAAQ our own counter measures the baseline.
+    """
+    meter = _laaq_meter(arm.model, res)
+    if meter is not None:
+        return arm.forward_backward(batch, scale=scale, last=last, forward_ctx=meter)
     counter = SavedTensorCounter(exclude=list(arm.model.parameters()) + list(arm.model.buffers()),
-                                 regions={"decoder_layers": layers})
+                                 regions={"decoder_layers": _decoder_layers(arm.model)})
     loss = arm.forward_backward(batch, scale=scale, last=last, forward_ctx=counter.measure())
     by_region = counter.bytes_by_region()
     res.memory["activations"] = counter.bytes
     res.memory["activations_decoder_layers"] = by_region["decoder_layers"]
     res.memory["activations_other"] = by_region["other"]
+    res.notes.append("activation bytes measured by agoq_core.train.memory.SavedTensorCounter")
     return loss
+
+
+@contextlib.contextmanager
+def _laaq_meter_ctx(meter, res: ArmResult):
+    with meter:
+        yield
+    saved = meter.result()  # read now: the forward's graph is still alive (backward has not run)
+    res.memory["activations"] = saved.total
+    res.memory["activations_decoder_layers"] = saved.layers_total
+    res.memory["activations_other"] = saved.total - saved.layers_total
+    res.activation_detail = saved.to_dict()
+
+
+def _laaq_meter(model: torch.nn.Module, res: ArmResult):
+    try:
+        from agoq_core.laaq import SavedBytesMeter
+    except ImportError:
+        return None
+    return _laaq_meter_ctx(SavedBytesMeter(model, label=res.name), res)
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -36,7 +36,7 @@ class Runtime:
     local_rank: int
     device: torch.device
     dtype: str                  # "fp32" or "bf16" (autocast with fp32 master weights)
-    dist_backend: str | None    # None when world == 1
+    dist_backend: str | None    # None when no process group is needed (one process, baseline only)
 
     @property
     def is_main(self) -> bool:
@@ -116,7 +116,9 @@ def init_runtime(cfg: TrainConfig, rank: int = 0, world: int = 1) -> Runtime:
     if cfg.threads or world > 1:
         torch.set_num_threads(threads)
     backend = None
-    if world > 1:
+    # QuanGrad's wrapper runs on a process group even with one process (its collectives are then
+    # local), so an AGoQ arm gets a one-rank group; a baseline-only single process needs none.
+    if world > 1 or any(a != "baseline" for a in cfg.arms):
         import torch.distributed as dist
 
         backend = _dist_backend_for(device)
@@ -125,14 +127,15 @@ def init_runtime(cfg: TrainConfig, rank: int = 0, world: int = 1) -> Runtime:
             if under_torchrun():
                 dist.init_process_group(**kwargs, device_id=device if device.type != "cpu" else None)
             else:
+                port = os.environ.get("AGOQ_TRAIN_PORT") if world > 1 else str(free_port())
                 dist.init_process_group(**kwargs, rank=rank, world_size=world,
-                                        init_method=f"tcp://127.0.0.1:{os.environ['AGOQ_TRAIN_PORT']}")
+                                        init_method=f"tcp://127.0.0.1:{port}")
     return Runtime(rank=rank, world=world, local_rank=local_rank, device=device, dtype=dtype,
                    dist_backend=backend)
 
 
 def shutdown(rt: Runtime) -> None:
-    if rt.world > 1:
+    if rt.dist_backend is not None:
         import torch.distributed as dist
 
         if dist.is_initialized():
