@@ -1,0 +1,159 @@
+"""Ascend launchers: buffers -> kernel arguments, with the launch geometry of agoq_ascend.planner.
+
+The kernel bodies are agoq_triton_kernels' (the same source the CUDA backend launches); what is Ascend
+here: one program per vector core, tiles sized to the unified buffer, lanes padded to a 32-byte tail,
+NF4 decoded with a select tree instead of a table gather (Ascend's vector unit has no cheap gather),
+and Triton-Ascend compile options (multibuffer, no fp contraction) passed only from this wrapper.
+
+Tensors cross the boundary as the CUDA launcher does it: codes as int8 views (no uint8 arithmetic in
+kernels), bf16 as its int16 bit pattern (widened and rounded with integer logic), fp32 scales.
+Tensors above 2**30 elements are cut into chunks of whole blocks so int32 offsets cannot wrap.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from agoq_core.formats.spec import FormatSpec
+from agoq_ascend.planner import DeviceProps, LaunchPlan, compile_options, plan_launch
+from agoq_triton_kernels import kernels as K
+from agoq_triton_kernels.codes import NF4_LEVELS_KERNEL
+from agoq_triton_kernels.layout import FLOAT_BF16, FLOAT_F16, FLOAT_F32, MAX_CHUNK_ELEMENTS, format_constexprs
+
+__all__ = ["Launcher", "is_interpreted"]
+
+_FLOAT_KIND = {torch.float32: FLOAT_F32, torch.bfloat16: FLOAT_BF16, torch.float16: FLOAT_F16}
+_DTYPE_NAME = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def is_interpreted() -> bool:
+    """Whether the shared kernels were decorated under TRITON_INTERPRET (fixed at their import)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(K.quantize_kernel, InterpretedFunction)
+
+
+@functools.cache
+def _nf4_lut(device: torch.device) -> torch.Tensor:
+    # The kernels take a LUT pointer in every call; with NF4_LUT=False (Ascend) it is never read.
+    return torch.tensor(NF4_LEVELS_KERNEL, dtype=torch.float32, device=device)
+
+
+def _chunks(spec: FormatSpec, n: int):
+    """(element offset, elements, code-byte offset, block offset) per chunk of <= 2**30 elements."""
+    step = (MAX_CHUNK_ELEMENTS // spec.block) * spec.block
+    for off in range(0, n, step):
+        yield off, min(step, n - off), off // spec.block * (spec.block * spec.bits // 8), off // spec.block
+
+
+def _float_view(t: torch.Tensor, what: str) -> tuple[torch.Tensor, int]:
+    if t.dtype not in _FLOAT_KIND:
+        raise TypeError(f"{what}: agoq-ascend kernels take float32, bfloat16 or float16, got {t.dtype}")
+    kind = _FLOAT_KIND[t.dtype]
+    return (t.view(torch.int16) if kind == FLOAT_BF16 else t), kind
+
+
+def _check(spec: FormatSpec, n: int, codes: torch.Tensor, scales: torch.Tensor, device: torch.device,
+           what: str) -> None:
+    if codes.dtype != torch.uint8 or scales.dtype != torch.float32:
+        raise TypeError(f"{what}: want uint8 codes and float32 scales, got {codes.dtype} and {scales.dtype}")
+    if codes.numel() != spec.code_bytes(n) or scales.numel() != spec.num_blocks(n):
+        raise ValueError(f"{what}: {n} elements of {spec.name}/block {spec.block} need {spec.code_bytes(n)} code "
+                         f"bytes and {spec.num_blocks(n)} scales, got {codes.numel()} and {scales.numel()}")
+    for name, t in (("codes", codes), ("scales", scales)):
+        if not t.is_contiguous():
+            raise ValueError(f"{what}: {name} must be contiguous")
+        if t.device != device:
+            raise ValueError(f"{what}: {name} is on {t.device} but the data is on {device}")
+
+
+class Launcher:
+    """Launches the shared kernels with the geometry the planner derives from ``props``.
+
+    ``last_plans`` keeps the plans of the most recent call (one per chunk) so tests and benchmarks can
+    see the geometry that actually ran."""
+
+    def __init__(self, props: DeviceProps):
+        self.props = props
+        self.last_plans: list[LaunchPlan] = []
+
+    def _plan(self, op: str, spec: FormatSpec, m: int, io_dtype: str, rows, programs) -> LaunchPlan:
+        return plan_launch(op=op, numel=m, kind=spec.kind, bits=spec.bits, block=spec.block, device=self.props,
+                           io_dtype=io_dtype, rows=rows, programs=programs)
+
+    def _consts(self, spec: FormatSpec, plan: LaunchPlan) -> dict:
+        c = format_constexprs(kind=spec.kind, bits=spec.bits, block=spec.block, qmax=spec.qmax)
+        c["BLOCK_P"] = plan.lanes  # >= next_pow2(block): padded to a 32-byte tail, extra lanes masked
+        c["ROWS"] = plan.rows
+        return c
+
+    def _launch(self, kernel, plan: LaunchPlan, args: tuple, consts: dict) -> None:
+        self.last_plans.append(plan)
+        kernel[(plan.grid,)](*args, **consts, **compile_options(plan))
+
+    def quantize(self, x, spec, codes, scales, *, rows=None, programs=None) -> None:
+        """x flat [N] (fp32/bf16/fp16) -> codes uint8[code_bytes(N)], scales fp32[NB]."""
+        n = x.numel()
+        _check(spec, n, codes, scales, x.device, "quantize")
+        xv, xk = _float_view(x.reshape(-1), "quantize")
+        cv = codes.view(torch.int8)
+        self.last_plans = []
+        for off, m, boff, soff in _chunks(spec, n):
+            plan = self._plan("quantize", spec, m, _DTYPE_NAME[x.dtype], rows, programs)
+            nb = plan.n_blocks
+            self._launch(K.quantize_kernel, plan,
+                         (xv[off:off + m], cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], m, nb,
+                          plan.n_tiles), {**self._consts(spec, plan), "X_FLOAT": xk})
+
+    def dequantize(self, codes, scales, spec, out, *, rows=None, programs=None) -> None:
+        """codes + scales -> out flat [N] (fp32, bf16 or fp16)."""
+        n = out.numel()
+        _check(spec, n, codes, scales, out.device, "dequantize")
+        ov, ok = _float_view(out.reshape(-1), "dequantize")
+        cv = codes.view(torch.int8)
+        lut = _nf4_lut(out.device)
+        self.last_plans = []
+        for off, m, boff, soff in _chunks(spec, n):
+            plan = self._plan("dequantize", spec, m, _DTYPE_NAME[out.dtype], rows, programs)
+            nb = plan.n_blocks
+            self._launch(K.dequantize_kernel, plan,
+                         (cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], lut, ov[off:off + m], m, nb,
+                          plan.n_tiles), {**self._consts(spec, plan), "OUT_FLOAT": ok, "NF4_LUT": False})
+
+    def accumulate(self, codes, scales, spec, g, *, rows=None, programs=None) -> None:
+        """In place: (codes, scales) <- Q(D(codes, scales) + g), g flat [N] (fp32, bf16, fp16)."""
+        n = g.numel()
+        _check(spec, n, codes, scales, g.device, "accumulate_")
+        gv, gk = _float_view(g.reshape(-1), "accumulate_")
+        cv = codes.view(torch.int8)
+        lut = _nf4_lut(g.device)
+        self.last_plans = []
+        for off, m, boff, soff in _chunks(spec, n):
+            plan = self._plan("accumulate", spec, m, _DTYPE_NAME[g.dtype], rows, programs)
+            nb = plan.n_blocks
+            self._launch(K.accumulate_kernel, plan,
+                         (cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], lut, gv[off:off + m], m, nb,
+                          plan.n_tiles), {**self._consts(spec, plan), "G_FLOAT": gk, "NF4_LUT": False})
+
+    def reduce_requantize(self, codes, scales, spec, numel, codes_out, scales_out, *, rows=None,
+                          programs=None) -> None:
+        """codes uint8[W, code_bytes], scales fp32[W, NB] -> Q(sum_r D_r) (fp32, rank order)."""
+        if codes.dim() != 2 or scales.dim() != 2 or codes.shape[0] != scales.shape[0] or codes.shape[0] < 1:
+            raise ValueError(f"reduce_requantize: want codes[W, B] and scales[W, NB] with W >= 1, got "
+                             f"{tuple(codes.shape)} and {tuple(scales.shape)}")
+        n, w = numel, codes.shape[0]
+        _check(spec, n, codes_out, scales_out, codes.device, "reduce_requantize")
+        _check(spec, n, codes[0], scales[0], codes.device, "reduce_requantize (input row)")
+        if codes.stride(1) != 1 or scales.stride(1) != 1:
+            raise ValueError("reduce_requantize: rows of codes and scales must be contiguous")
+        cv, cov = codes.view(torch.int8), codes_out.view(torch.int8)
+        lut = _nf4_lut(codes.device)
+        self.last_plans = []
+        for off, m, boff, soff in _chunks(spec, n):
+            plan = self._plan("reduce_requantize", spec, m, "float32", rows, programs)
+            nb, cb = plan.n_blocks, spec.code_bytes(m)
+            self._launch(K.reduce_requantize_kernel, plan,
+                         (cv[:, boff:boff + cb], scales[:, soff:soff + nb], lut, cov[boff:boff + cb],
+                          scales_out[soff:soff + nb], m, nb, plan.n_tiles, w, codes.stride(0), scales.stride(0)),
+                         {**self._consts(spec, plan), "NF4_LUT": False})

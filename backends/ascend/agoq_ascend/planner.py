@@ -1,0 +1,318 @@
+"""Launch planner for the Ascend kernels, in plain Python (imports neither torch, torch_npu nor triton).
+
+Triton-Ascend runs each program of a launch on one physical core and refuses grids above 65,535
+("coreDim=... can't be greater than UINT16_MAX"); every tensor a kernel body creates lives in the
+core's unified buffer (UB, 192 KB on Atlas A2/A3), and a working set that does not fit is a compile
+error ("ub overflow"), not a slowdown. So the planner decides, from numbers alone:
+
+* **grid** = min(tiles, vector cores, 65,535): one program per vector core (the shared bodies loop
+  over tiles with a persistent strided loop, so any grid size is correct);
+* **tile** = ``rows`` whole blocks of ``lanes`` lanes (the shared kernels' ROWS x BLOCK_P), with
+  ``rows`` the largest power of two whose working set fits the UB budget (the UB rule below), no larger
+  than needed to give every core a tile;
+* **alignment**: ``lanes`` is a power of two >= the block and >= 32, so the tail axis of every
+  [rows, lanes] tile is a whole number of 32-byte units even for its 1-byte (int8 / bool) tiles
+  (Triton-Ascend pads a misaligned tail axis itself, at a cost). Lanes beyond the block are masked.
+
+The UB rule (``working_set``) counts every buffer the kernel body creates for one tile, as if all were
+live at once (the compiler reuses some; we do not rely on it):
+
+* each lane-wise buffer: ``pad32(width * bytes)`` per tile row, where width is ``lanes`` or
+  ``lanes / G`` for the pack-group tiles of the 4/5/6-bit packing (G = 2, 8, 4 codes per group);
+  fp32/int32 count 4 bytes, bf16/fp16/int16 2, and int8/bool tiles 2 (Triton-Ascend computes int8 and
+  bool through a wider type and documents that int8 "occupies more on-chip space");
+* per-row vectors (block indices, absmax, scale, flags ...): ``ROW_VECTORS x pad32(rows * 4)``;
+* lane-index vectors shared by all rows: ``pad32(lanes * 4)`` each.
+
+The budget is half the UB while ``multibuffer`` is on (Triton-Ascend's op table: "all tensors alive
+together may not exceed 96 KB; 192 KB with double buffering off"). A tile that does not fit even with
+one row switches multibuffer off and uses the whole UB; if that fails too the block is too large for
+the device (:func:`max_block`). None of this has run on an NPU: it follows Triton-Ascend's documented
+limits, and the first Ascend run may show room for bigger tiles (``AGOQ_ASCEND_UB_BYTES``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agoq_triton_kernels.layout import KIND_IDS, MAX_BLOCK, MAX_CHUNK_ELEMENTS, next_pow2
+
+__all__ = [
+    "DeviceProps", "LaunchPlan", "PlanError", "plan_launch", "working_set", "buffers", "max_block",
+    "compile_options", "OPS", "IO_DTYPES", "FORMAT_CODES",
+    "UB_BYTES_A2", "UB_BYTES_950", "MAX_GRID", "ALIGN_BYTES", "MIN_LANES", "ROW_VECTORS",
+]
+
+UB_BYTES_A2 = 192 * 1024
+"""Unified buffer per core on Atlas A2/A3 (910B, 910_93): Triton-Ascend docs, "ub overflow ... 1572684 bits"."""
+UB_BYTES_950 = 256 * 1024
+"""Ascend 950: torch_npu's inductor config uses 256 KB (``ub_size = 256 * 1024`` when soc >= Ascend950)."""
+MAX_GRID = 65535
+"""coreDim is a uint16 in the CANN launch: more programs is an error, not a queue."""
+ALIGN_BYTES = 32
+"""Vector instructions work on 32-byte units; a tail axis that is not a multiple is padded by the compiler."""
+MIN_LANES = 32
+"""Smallest tile width: 32 one-byte lanes (the int8 code tile, the masks) make one 32-byte unit."""
+ROW_VECTORS = 8
+"""[rows]-shaped vectors alive in the worst kernel: block index, row mask, absmax, scale, scale-is-zero,
+non-finite flag, the loaded scale (dequantize) and the stored scale."""
+
+OPS = ("quantize", "dequantize", "accumulate", "reduce_requantize")
+FORMAT_CODES = (("int", 4), ("int", 5), ("int", 6), ("int", 8), ("fp4_e2m1", 4), ("nf4", 4),
+                ("fp8_e4m3", 8), ("fp8_e5m2", 8))
+"""(code kind, bits) of every registered format (a test checks this against agoq_core's registry)."""
+IO_DTYPES = ("float32", "bfloat16", "float16")
+
+# Bytes per lane of the tile buffers (see the module docstring for int8/bool).
+_F32 = _I32 = 4
+_F16 = _I16 = 2
+_I8 = _BOOL = 2
+
+_PACK_GROUP = {4: 2, 5: 8, 6: 4, 8: 1}
+
+
+class PlanError(ValueError):
+    """The launch cannot be planned (bad arguments, or a block whose tile does not fit the UB)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeviceProps:
+    """What the planner needs to know about one NPU (or the fake one of interpreter mode)."""
+
+    vector_cores: int
+    ub_bytes: int = UB_BYTES_A2
+    name: str = "Atlas A2 (Ascend 910B)"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.vector_cores, bool) or not isinstance(self.vector_cores, int) or self.vector_cores < 1:
+            raise PlanError(f"vector_cores must be a positive int, got {self.vector_cores!r}")
+        if isinstance(self.ub_bytes, bool) or not isinstance(self.ub_bytes, int) or self.ub_bytes < 16 * 1024:
+            raise PlanError(f"ub_bytes must be an int >= 16384 (the UB of every Ascend part is 192 KB or more), "
+                            f"got {self.ub_bytes!r}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LaunchPlan:
+    """One launch: ``grid`` programs walk ``n_tiles`` tiles of ``rows`` blocks x ``lanes`` lanes."""
+
+    op: str
+    numel: int
+    block: int
+    lanes: int
+    """BLOCK_P of the kernel: a power of two >= max(block, 32); lanes >= block are masked."""
+    rows: int
+    """ROWS of the kernel: blocks per tile (a power of two)."""
+    n_blocks: int
+    n_tiles: int
+    grid: int
+    multibuffer: bool
+    ub_bytes_used: int
+    ub_budget: int
+
+    @property
+    def pad_lanes(self) -> int:
+        """Masked lanes per block row, added so the tail axis is 32-byte aligned (and a power of two)."""
+        return self.lanes - self.block
+
+    @property
+    def tile_elements(self) -> int:
+        return self.rows * self.block
+
+
+def _pad32(nbytes: int) -> int:
+    return -(-nbytes // ALIGN_BYTES) * ALIGN_BYTES
+
+
+def _prev_pow2(n: int) -> int:
+    return 1 << (max(1, int(n)).bit_length() - 1)
+
+
+# ---- the buffers of each kernel stage: (name, lane divisor, bytes per element) -----------------------
+def _load(dtype: str, what: str) -> list[tuple[str, int, int]]:
+    if dtype == "float32":
+        return [(f"{what} fp32", 1, _F32)]
+    if dtype == "bfloat16":  # loaded through an int16 view, widened with a shift, bitcast to fp32
+        return [(f"{what} bf16 bits", 1, _I16), (f"{what} bits << 16", 1, _I32), (f"{what} fp32", 1, _F32)]
+    return [(f"{what} fp16", 1, _F16), (f"{what} fp32", 1, _F32)]
+
+
+def _store(dtype: str) -> list[tuple[str, int, int]]:
+    if dtype == "float32":
+        return []  # the product tile is stored as is
+    if dtype == "bfloat16":  # integer round-half-even on the magnitude, then an int16 store
+        return [("out bits", 1, _I32), ("out sign", 1, _I32), ("out |bits|", 1, _I32), ("out rounded", 1, _I32),
+                ("out bf16 bits", 1, _I16)]
+    return [("out fp16", 1, _F16)]
+
+
+_TILE = [("element offsets", 1, _I32), ("element mask", 1, _BOOL)]
+_QUANTIZE = [("bits", 1, _I32), ("exponent", 1, _I32), ("finite & normal", 1, _BOOL), ("kept |bits|", 1, _I32),
+             ("kept x", 1, _F32), ("v = x / scale", 1, _F32), ("codes", 1, _I32)]
+_ENCODE = {
+    "int": [("clamped v", 1, _F32), ("rounded v", 1, _F32)],
+    "fp4_e2m1": [("|v|", 1, _F32), ("threshold count", 1, _I32), ("threshold compare", 1, _BOOL)],
+    "nf4": [("threshold count", 1, _I32), ("threshold compare", 1, _BOOL)],
+    "fp8_e4m3": [("clamped v", 1, _F32), ("v bits", 1, _I32), ("sign", 1, _I32), ("|bits|", 1, _I32),
+                 ("subnormal code", 1, _I32), ("normal code", 1, _I32)],
+}
+_ENCODE["fp8_e5m2"] = _ENCODE["fp8_e4m3"]
+_DECODE = {
+    "int": [("value", 1, _F32)],
+    "fp4_e2m1": [("index", 1, _I32), ("exponent", 1, _I32), ("mantissa", 1, _I32), ("magnitude bits", 1, _I32),
+                 ("value", 1, _F32)],
+    # The select tree (agoq_triton_kernels.codes._nf4_select): 4 bit masks, then 8 + 4 + 2 + 1 selects.
+    "nf4": [("code bit masks", 1, _BOOL)] * 4 + [("select level", 1, _F32)] * 15,
+    "fp8_e4m3": [("sign", 1, _I32), ("exponent", 1, _I32), ("mantissa", 1, _I32), ("subnormal bits", 1, _I32),
+                 ("magnitude bits", 1, _I32), ("value", 1, _F32)],
+}
+_DECODE["fp8_e5m2"] = _DECODE["fp8_e4m3"]
+
+
+def _pack(bits: int) -> list[tuple[str, int, int]]:
+    """Buffers of _store_codes: G codes per group split into G sub-tiles of lanes/G, the packed word(s),
+    one int8 tile per output byte, plus the group offsets and mask."""
+    g = _PACK_GROUP[bits]
+    if g == 1:
+        return [("code bytes", 1, _I8)]
+    words = 2 if bits == 5 else 1
+    nbytes = g * bits // 8
+    return ([("group code", g, _I32)] * g + [("packed word", g, _I32)] * words + [("packed byte", g, _I8)] * nbytes
+            + [("group offsets", g, _I32), ("group mask", g, _BOOL)])
+
+
+def _unpack(bits: int) -> list[tuple[str, int, int]]:
+    """Buffers of _load_codes: the loaded bytes and their int32 widening, the word(s), G code sub-tiles,
+    the join intermediates, and the joined [rows, lanes] code tile."""
+    g = _PACK_GROUP[bits]
+    if g == 1:
+        return [("code bytes", 1, _I8), ("codes", 1, _I32)]
+    words = 2 if bits == 5 else 1
+    nbytes = g * bits // 8
+    joins = []  # the tl.join tree below the final [rows, lanes]: G/2 tiles of 2*lanes/G, G/4 of 4*lanes/G ...
+    width, count = g // 2, g // 2
+    while count >= 2:
+        joins += [("join partial", width, _I32)] * count
+        width, count = width // 2, count // 2
+    return ([("loaded byte", g, _I8)] * nbytes + [("widened byte", g, _I32)] * nbytes
+            + [("unpacked word", g, _I32)] * words + [("group code", g, _I32)] * g + joins
+            + [("codes", 1, _I32), ("group offsets", g, _I32), ("group mask", g, _BOOL)])
+
+
+def buffers(op: str, kind: str, bits: int, io_dtype: str = "float32") -> list[tuple[str, int, int]]:
+    """Every lane-wise buffer one tile of ``op`` creates: (name, lane divisor, bytes per element).
+
+    ``io_dtype`` is the float tensor the op reads or writes: x (quantize), out (dequantize), g
+    (accumulate); reduce_requantize has none."""
+    _check_args(op, kind, bits, io_dtype)
+    dequant = _unpack(bits) + _DECODE[kind] + [("decode * scale", 1, _F32)]
+    requant = _QUANTIZE + _ENCODE[kind] + _pack(bits)
+    if op == "quantize":
+        return _TILE + _load(io_dtype, "x") + requant
+    if op == "dequantize":
+        return _TILE + dequant + _store(io_dtype)
+    if op == "accumulate":
+        return _TILE + dequant + _load(io_dtype, "g") + [("d + g", 1, _F32)] + requant
+    # reduce_requantize: the fp32 accumulator plus one rank's dequantized tile at a time.
+    return _TILE + dequant + [("rank-order sum", 1, _F32)] + requant
+
+
+def working_set(op: str, kind: str, bits: int, *, lanes: int, rows: int, io_dtype: str = "float32") -> int:
+    """UB bytes one tile of ``rows`` x ``lanes`` needs by the rule in the module docstring."""
+    if lanes < MIN_LANES or lanes & (lanes - 1):
+        raise PlanError(f"lanes must be a power of two >= {MIN_LANES}, got {lanes}")
+    if rows < 1 or rows & (rows - 1):
+        raise PlanError(f"rows must be a power of two >= 1, got {rows}")
+    per_row = sum(_pad32(lanes // div * nbytes) for _, div, nbytes in buffers(op, kind, bits, io_dtype))
+    lane_index = _pad32(lanes * _I32) + (_pad32(lanes // _PACK_GROUP[bits] * _I32) if bits != 8 else 0)
+    return rows * per_row + ROW_VECTORS * _pad32(rows * _F32) + lane_index
+
+
+def _check_args(op: str, kind: str, bits: int, io_dtype: str | None) -> None:
+    if op not in OPS:
+        raise PlanError(f"unknown op {op!r}; known: {', '.join(OPS)}")
+    if kind not in KIND_IDS:
+        raise PlanError(f"unknown code kind {kind!r}; known: {', '.join(KIND_IDS)}")
+    if bits not in _PACK_GROUP:
+        raise PlanError(f"bits must be 4, 5, 6 or 8, got {bits!r}")
+    if op != "reduce_requantize" and io_dtype not in IO_DTYPES:
+        raise PlanError(f"{op}: dtype must be one of {', '.join(IO_DTYPES)}, got {io_dtype!r}")
+
+
+def _lanes_for(block: int) -> int:
+    return max(next_pow2(block), MIN_LANES)
+
+
+def _fit_rows(op: str, kind: str, bits: int, lanes: int, io_dtype: str, budget: int) -> int:
+    """Largest power-of-two rows whose working set fits ``budget`` (0 if not even one row fits)."""
+    rows = 0
+    r = 1
+    while working_set(op, kind, bits, lanes=lanes, rows=r, io_dtype=io_dtype) <= budget:
+        rows = r
+        r *= 2
+    return rows
+
+
+def plan_launch(*, op: str, numel: int, kind: str, bits: int, block: int, device: DeviceProps,
+                io_dtype: str = "float32", rows: int | None = None, programs: int | None = None) -> LaunchPlan:
+    """Plan one launch over ``numel`` elements (at most MAX_CHUNK_ELEMENTS: the launcher chunks bigger
+    tensors so int32 offsets cannot wrap). ``rows``/``programs`` override the choice (tests, tuning)."""
+    _check_args(op, kind, bits, io_dtype)
+    if isinstance(block, bool) or not isinstance(block, int) or block <= 0 or block % 8:
+        raise PlanError(f"block must be a positive multiple of 8, got {block!r}")
+    if block > MAX_BLOCK:
+        raise PlanError(f"block={block} exceeds the shared kernels' maximum {MAX_BLOCK}")
+    if isinstance(numel, bool) or not isinstance(numel, int) or not 1 <= numel <= MAX_CHUNK_ELEMENTS:
+        raise PlanError(f"numel must be an int in [1, {MAX_CHUNK_ELEMENTS}] (launchers chunk bigger tensors), "
+                        f"got {numel!r}")
+    lanes = _lanes_for(block)
+    n_blocks = -(-numel // block)
+    multibuffer, budget = True, device.ub_bytes // 2
+    fit = _fit_rows(op, kind, bits, lanes, io_dtype, budget)
+    if fit == 0:
+        multibuffer, budget = False, device.ub_bytes
+        fit = _fit_rows(op, kind, bits, lanes, io_dtype, budget)
+    if fit == 0:
+        need = working_set(op, kind, bits, lanes=lanes, rows=1, io_dtype=io_dtype)
+        raise PlanError(
+            f"{op} of {kind}/{bits}-bit with block={block} needs {need} bytes of UB for a single block row "
+            f"({lanes} lanes), more than the {device.ub_bytes}-byte UB of {device.name}; use block <= "
+            f"{max_block(device)} on this device, or the reference backend")
+    if rows is None:
+        # Enough tiles for every core before making tiles bigger: rows <= n_blocks / cores.
+        rows = min(fit, _prev_pow2(max(1, n_blocks // device.vector_cores)))
+    elif rows < 1 or rows & (rows - 1) or rows > fit:
+        raise PlanError(f"rows={rows} must be a power of two in [1, {fit}] for {op} {kind}/{bits}-bit, "
+                        f"block {block}, {io_dtype} on {device.name}")
+    n_tiles = -(-n_blocks // rows)
+    grid = min(n_tiles, device.vector_cores, MAX_GRID)
+    if programs is not None:
+        if not 1 <= programs <= grid:
+            raise PlanError(f"programs={programs} must be in [1, {grid}] (tiles, vector cores and 65535 bound it)")
+        grid = programs
+    return LaunchPlan(op=op, numel=numel, block=block, lanes=lanes, rows=rows, n_blocks=n_blocks, n_tiles=n_tiles,
+                      grid=grid, multibuffer=multibuffer,
+                      ub_bytes_used=working_set(op, kind, bits, lanes=lanes, rows=rows, io_dtype=io_dtype),
+                      ub_budget=budget)
+
+
+def max_block(device: DeviceProps) -> int:
+    """Largest block every op, format and dtype can run with on ``device`` (one block row per tile,
+    multibuffer off): what ``capabilities().max_block`` claims."""
+    best = 0
+    lanes = MIN_LANES
+    while lanes <= MAX_BLOCK:
+        for kind, bits in FORMAT_CODES:
+            for op in OPS:
+                for dt in (IO_DTYPES if op != "reduce_requantize" else ("float32",)):
+                    if working_set(op, kind, bits, lanes=lanes, rows=1, io_dtype=dt) > device.ub_bytes:
+                        return best
+        best = lanes
+        lanes *= 2
+    return best
+
+
+def compile_options(plan: LaunchPlan) -> dict:
+    """Triton-Ascend compile options of a launch (NPUOptions fields; upstream Triton would reject them,
+    the CPU interpreter ignores them). ``enable_fp_fusion=False`` asks for no multiply-add contraction:
+    accumulate's ``decode * scale + g`` must round twice like the reference. Whether bishengir honours
+    it on A2/A3 is not known (the accumulate conformance cases would show a contraction)."""
+    return {"multibuffer": plan.multibuffer, "enable_fp_fusion": False}
