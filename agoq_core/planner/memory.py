@@ -60,6 +60,8 @@ class ActivationCostTable:
     """Extra bytes per micro-batch on virtual stage 0 (embedding)."""
     last_stage_bytes: int = 0
     """Extra bytes per micro-batch on the last virtual stage (final norm, LM head, loss)."""
+    chunk_bytes: int = 0
+    """Extra bytes per micro-batch on every virtual stage (the RoPE cos/sin each stage computes once)."""
     tokens: int = 0
     """Tokens per micro-batch the table is for (0 = abstract units)."""
     unit: str = "B"
@@ -71,7 +73,8 @@ class ActivationCostTable:
         for k, v in self.layer_bytes.items():
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise PlannerError(f"ActivationCostTable.layer_bytes[{k!r}] must be an int >= 0, got {v!r}")
-        for f in ("layer_fixed_bytes", "quantized_numel", "first_stage_bytes", "last_stage_bytes", "tokens"):
+        for f in ("layer_fixed_bytes", "quantized_numel", "first_stage_bytes", "last_stage_bytes", "chunk_bytes",
+                  "tokens"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise PlannerError(f"ActivationCostTable.{f} must be an int >= 0, got {v!r}")
@@ -91,14 +94,15 @@ class ActivationCostTable:
     # ---- constructors ---------------------------------------------------------------------------
     @classmethod
     def from_formula(cls, shape: TransformerShape, *, tokens: int, formats: Sequence[str],
-                     act_bytes: int = 2, block: int | None = None) -> "ActivationCostTable":
+                     act_bytes: int = 2, block: int | None = None, seq_len: int | None = None) -> "ActivationCostTable":
         """LAAQ's stored tensors counted from shapes (exact packed bytes of each format).
 
         Per layer and micro-batch of ``tokens`` tokens: in the format, the two RMSNorm inputs and the
         out-projection input (tokens x hidden each) and the gate/up outputs (2 x tokens x
         intermediate); in ``act_bytes``, what SDPA keeps (q, k, v, output) plus its fp32 logsumexp.
         First stage: the int64 token ids the embedding keeps. Last stage: the final-norm input in
-        16-bit and the fp32 log-softmax of the logits that the loss keeps.
+        16-bit and the fp32 log-softmax of the logits that the loss keeps. Every virtual stage: the
+        RoPE cos and sin tables (``seq_len`` x head_dim each, shared by the micro-batch's sequences).
         """
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
             raise PlannerError(f"tokens must be an int >= 1, got {tokens!r}")
@@ -109,9 +113,11 @@ class ActivationCostTable:
         for name in check_candidates(formats, block):
             spec = get_format(name, block)
             per_fmt[name] = fixed + sum(spec.storage_bytes(n) for n in quant_tensors)
+        seq = seq_len if seq_len is not None else T
         return cls(layer_bytes=per_fmt, layer_fixed_bytes=fixed, quantized_numel=sum(quant_tensors),
                    first_stage_bytes=8 * T, last_stage_bytes=act_bytes * T * h + 4 * T * shape.vocab,
-                   tokens=T, source=f"formula (LAAQ roles from shapes, {T} tokens/micro-batch)")
+                   chunk_bytes=2 * seq * shape.head_dim * act_bytes, tokens=T,
+                   source=f"formula (LAAQ roles from shapes, {T} tokens/micro-batch)")
 
     @classmethod
     def from_bits(cls, formats: Sequence[str], *, block: int | None = None,

@@ -29,6 +29,7 @@ ActivationSource = Literal["measured", "formula", "bits"]
 #: Integer cost scale: the largest per-layer error maps to 2^40, so sums of up to 2^20 layers stay
 #: exact in Python ints and the relative rounding of a single cost is < 1e-12 for 4..8-bit formats.
 _COST_SCALE_BITS = 40
+_ACT_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float32": 4, "fp32": 4}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +56,15 @@ class PlanConfig:
     activations: ActivationSource = "measured"
     """Where activation bytes come from: LAAQ's measurement, the shape formula, or the paper's bits."""
     static: StaticMemoryConfig = field(default_factory=StaticMemoryConfig)
+    dtype: str = "bfloat16"
+    """Training dtype of the activations LAAQ leaves in 16-bit (bfloat16, float16 or float32)."""
+    measure_device: str = "meta"
+    """Where LAAQ measures (activations="measured"): "meta" costs nothing at any size; the device you
+    train on ("cpu", "cuda") runs that device's kernels, whose saved tensors can differ (SDPA)."""
+    pipeline_buffers: bool = True
+    """Count what torch.distributed.pipelining itself holds: each in-flight micro-batch's stage
+    output (kept for backward; logits on the last stage) and, as static memory, the receive buffers
+    it allocates for every micro-batch of every non-first virtual stage. Off in the bits accounting."""
     block: int | None = None
 
     def __post_init__(self) -> None:
@@ -75,6 +85,8 @@ class PlanConfig:
             v = getattr(self, f)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                 raise PlannerError(f"PlanConfig.{f} must be an int >= 0 (bytes), got {v!r}")
+        if str(self.dtype).lower() not in _ACT_BYTES:
+            raise PlannerError(f"dtype must be one of {sorted(_ACT_BYTES)}, got {self.dtype!r}")
         if not isinstance(self.static, StaticMemoryConfig):
             raise PlannerError(f"PlanConfig.static must be a StaticMemoryConfig, got {type(self.static).__name__}")
         PipelineSpec(schedule=self.schedule, stages=self.stages, microbatches=self.microbatches, chunks=self.chunks)
@@ -118,6 +130,8 @@ class StagePlan:
     """Activation peak with every layer in the baseline format."""
     activation_cap: int
     """What the activation peak may reach on this stage."""
+    chunk_io_bytes: tuple[int, ...]
+    """Of ``chunk_bytes``: what the pipeline runtime holds (the stage output), not autograd."""
     static: Mapping[str, int]
     binding_state: tuple[int, ...]
     binding: str
@@ -186,11 +200,13 @@ def _activation_table(cfg: PlanConfig, shape: TransformerShape) -> ActivationCos
     if cfg.activations == "bits":
         return ActivationCostTable.from_bits(formats, block=cfg.block)
     if cfg.activations == "formula":
-        return ActivationCostTable.from_formula(shape, tokens=tokens, formats=formats, block=cfg.block)
+        return ActivationCostTable.from_formula(shape, tokens=tokens, formats=formats, block=cfg.block,
+                                                act_bytes=_ACT_BYTES[str(cfg.dtype).lower()], seq_len=cfg.seq_len)
     from agoq_core.planner.measure import measure_activation_costs
 
     return measure_activation_costs(shape, microbatch_size=cfg.microbatch_size, seq_len=cfg.seq_len,
-                                    formats=formats, block=cfg.block)
+                                    formats=cfg.candidates, baseline_format=cfg.baseline_format, block=cfg.block,
+                                    dtype=cfg.dtype, device=cfg.measure_device)
 
 
 def _stage_params(shape: TransformerShape, spec: PipelineSpec, layers: Sequence[Sequence[int]], rank: int) -> int:
@@ -204,10 +220,23 @@ def _stage_params(shape: TransformerShape, spec: PipelineSpec, layers: Sequence[
     return n
 
 
-def _extras(costs: ActivationCostTable, spec: PipelineSpec, rank: int) -> list[int]:
+def _extras(costs: ActivationCostTable, spec: PipelineSpec, rank: int, io: Sequence[int]) -> list[int]:
     last = spec.virtual_stages - 1
-    return [(costs.first_stage_bytes if vs == 0 else 0) + (costs.last_stage_bytes if vs == last else 0)
-            for vs in spec.vstages_of(rank)]
+    return [costs.chunk_bytes + (costs.first_stage_bytes if vs == 0 else 0)
+            + (costs.last_stage_bytes if vs == last else 0) + o for vs, o in zip(spec.vstages_of(rank), io)]
+
+
+def _pipeline_io(cfg: PlanConfig, shape: TransformerShape, spec: PipelineSpec, rank: int) -> tuple[list[int], int]:
+    """Per chunk, bytes torch.distributed.pipelining holds per in-flight micro-batch (the stage output,
+    kept in its forward cache until the backward: hidden states, or logits on the last virtual stage);
+    and the static receive buffers (one input per micro-batch for every non-first virtual stage)."""
+    if not cfg.pipeline_buffers or cfg.activations == "bits":
+        return [0] * spec.chunks, 0
+    T, ab = cfg.microbatch_size * cfg.seq_len, _ACT_BYTES[str(cfg.dtype).lower()]
+    last = spec.virtual_stages - 1
+    outs = [T * (shape.vocab if vs == last else shape.hidden) * ab for vs in spec.vstages_of(rank)]
+    recv = sum(spec.microbatches * T * shape.hidden * ab for vs in spec.vstages_of(rank) if vs != 0)
+    return outs, recv
 
 
 def _int_costs(costs: ActivationCostTable, fid: FidelityTable, formats: Sequence[str]) -> tuple[dict, dict]:
@@ -283,9 +312,12 @@ def plan_for_pipeline(model_config: object, stages: int | None = None, microbatc
     for r in range(spec.stages):
         vss = spec.vstages_of(r)
         n_layers = [len(layers[vs]) for vs in vss]
-        extras = _extras(costs, spec, r)
+        io, recv = _pipeline_io(cfg, shape, spec, r)
+        extras = _extras(costs, spec, r, io)
         states = profile.ranks[r].states
         static = static_bytes(_stage_params(shape, spec, layers, r), cfg.static)
+        if cfg.activations != "bits":
+            static["pipeline_buffers"] = recv
         base_peak = _uniform_peak(costs, n_layers, extras, states, cfg.baseline_format)
         per_rank.append((vss, n_layers, extras, states, static, base_peak))
 
@@ -304,6 +336,7 @@ def plan_for_pipeline(model_config: object, stages: int | None = None, microbatc
     stage_plans = []
     for r, (vss, n_layers, extras, states, static, base_peak) in enumerate(per_rank):
         cap = caps[r]
+        io = _pipeline_io(cfg, shape, spec, r)[0]
         sol = _solve(cfg.granularity, options_of, n_layers, extras, states, cap)
         if sol is None:
             _raise_infeasible(cfg, kind, budget_value, r, per_rank, costs, formats, profile)
@@ -321,7 +354,7 @@ def plan_for_pipeline(model_config: object, stages: int | None = None, microbatc
         stage_plans.append(StagePlan(
             stage=r, vstages=vss, layers=tuple(layers[vs] for vs in vss), formats=fmts,
             inflight_peak=profile.ranks[r].peak, chunk_peaks=profile.ranks[r].chunk_peaks,
-            chunk_bytes=tuple(cb), activation_peak=peak, baseline_peak=base_peak, activation_cap=cap,
+            chunk_bytes=tuple(cb), chunk_io_bytes=tuple(io), activation_peak=peak, baseline_peak=base_peak, activation_cap=cap,
             static=static, binding_state=arg, binding=binding, cost=cost))
 
     closed = _closed_form(cfg, costs, fid, per_rank, caps, real_cost, profile)

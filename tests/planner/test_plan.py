@@ -100,7 +100,7 @@ def test_plan_equals_exhaustive_search(fid, schedule, S, m, layers, cap):
     costs = _small_costs()
     try:
         plan = plan_for_pipeline(shape, S, m, schedule, costs=costs, fidelity=fid, activation_budget_bytes=cap,
-                                 candidates=("int4", "int5", "int6", "int8"))
+                                 candidates=("int4", "int5", "int6", "int8"), pipeline_buffers=False)
     except BudgetError:
         # then even int4 everywhere must fail somewhere, checked independently
         plan_spec = PipelineSpec(schedule=schedule, stages=S, microbatches=m)
@@ -133,7 +133,8 @@ def test_budget_is_never_exceeded_and_granularity_is_nested(fid, schedule, S, m,
             # peak recomputed from the formats, the layer split and the whole in-flight trace
             per_mb = []
             for c, vs in enumerate(s.vstages):
-                b = sum(plan.costs.bytes_for(s.formats[layer]) for layer in s.layers[c])
+                b = sum(plan.costs.bytes_for(s.formats[layer]) for layer in s.layers[c]) + plan.costs.chunk_bytes
+                b += s.chunk_io_bytes[c]
                 b += plan.costs.first_stage_bytes if vs == 0 else 0
                 b += plan.costs.last_stage_bytes if vs == plan.spec.virtual_stages - 1 else 0
                 per_mb.append(b)
