@@ -9,9 +9,8 @@
   B-operand tile is decoded and scaled in registers (fp32 ``decode(code) * scale``, one RNE rounding to
   dY's dtype — the same operand values the unfused ``dequantize`` would materialise), never written out.
 
-The codec pieces are the shared ones (agoq_triton_kernels: ``_quantize_tile``, ``_store_codes``,
-``_dequantize_tile``), called with the *global* block index of each tile row, so the fused kernels and
-the stand-alone codec kernels cannot drift apart.
+The codec works on tiles of whole blocks, each row carrying its *global* block index (agoq_cuda.fusion.codec,
+built on the shared element-wise contract helpers of agoq_triton_kernels.codes).
 
 Two paths, chosen by the ``INTERP`` constexpr:
 * GPU: 16-bit ``tl.dot`` with fp32 accumulation, a ``for`` K-loop (Triton pipelines ``for`` loops, not
@@ -29,8 +28,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from agoq_cuda.fusion.codec import dequantize_rows, quantize_rows, store_packed
 from agoq_triton_kernels.codes import bf16_bits_to_f32, f32_to_bf16_bits
-from agoq_triton_kernels.kernels import _dequantize_tile, _quantize_tile, _store_codes
 
 __all__ = ["gemm_quant_epilogue_kernel", "gemm_dequant_prologue_kernel"]
 
@@ -142,18 +141,16 @@ def gemm_quant_epilogue_kernel(
     tl.store(y_ptr + offs_m[:, None] * N + offs_n[None, :], y_st, mask=ok_m[:, None] & ok_n[None, :])
 
     # Quantize the stored values. Tile row r, block j is global block g = row * (N / BLOCK) + col0 / BLOCK + j;
-    # blocks of out-of-range rows/columns get g = n_blocks, which the codec helpers mask out.
+    # blocks of out-of-range rows or columns are computed on wrapped data and not stored.
     NBT: tl.constexpr = BLOCK_N // BLOCK
-    n = M * N
-    n_blocks = n // BLOCK
     jb = pid_n * NBT + tl.arange(0, NBT)
     g = offs_m[:, None] * (N // BLOCK) + jb[None, :]
-    g = tl.where(ok_m[:, None] & (jb[None, :] < N // BLOCK), g, n_blocks)
+    ok = ok_m[:, None] & (jb[None, :] < N // BLOCK)
     rows = tl.reshape(g, (BLOCK_M * NBT,))
-    codes, scale = _quantize_tile(tl.reshape(y32, (BLOCK_M * NBT, BLOCK)), KIND, BITS, QMAX)
-    elem = rows[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
-    _store_codes(codes_ptr, codes, rows, elem, elem < n, n, BLOCK_M * NBT, BITS, BLOCK, BLOCK)
-    tl.store(scales_ptr + rows, scale, mask=rows < n_blocks)
+    ok = tl.reshape(ok, (BLOCK_M * NBT,))
+    codes, scale = quantize_rows(tl.reshape(y32, (BLOCK_M * NBT, BLOCK)), KIND, BITS, QMAX)
+    store_packed(codes_ptr, codes, rows, ok, BLOCK_M * NBT, BITS, BLOCK)
+    tl.store(scales_ptr + rows, scale, mask=ok)
 
 
 # ---- backward: dW = dYᵀ · D(X) ------------------------------------------------------------------------
@@ -166,16 +163,13 @@ def _pro_step(g_ptr, codes_ptr, scales_ptr, lut_ptr, acc, mt, M, K, rn, jb, stri
     ok_r = rr < M
     # A = dYᵀ tile [BLOCK_N, BLOCK_R]; rows past M read as 0 (they must add exactly nothing).
     a = _load16(g_ptr + rn[:, None] * stride_gn + rr[None, :] * stride_gm, ok_r[None, :], FLOAT, INTERP, True)
-    # B = D(X) tile [BLOCK_R, BLOCK_K], decoded block by block (BLOCK_K // BLOCK blocks per row).
+    # B = D(X) tile [BLOCK_R, BLOCK_K], decoded block by block (BLOCK_K // BLOCK blocks per row); blocks of
+    # rows past M read as exact zeros, blocks of columns past K are never stored.
     NBT: tl.constexpr = BLOCK_K // BLOCK
-    n = M * K
-    n_blocks = n // BLOCK
     g = rr[:, None] * (K // BLOCK) + jb[None, :]
-    g = tl.where(ok_r[:, None] & (jb[None, :] < K // BLOCK), g, n_blocks)
-    rows = tl.reshape(g, (BLOCK_R * NBT,))
-    elem = rows[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
-    d = _dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, elem, elem < n, n, n_blocks,
-                         BLOCK_R * NBT, KIND, BITS, BLOCK, BLOCK, NF4_LUT)
+    ok = ok_r[:, None] & (jb[None, :] < K // BLOCK)
+    d = dequantize_rows(codes_ptr, scales_ptr, lut_ptr, tl.reshape(g, (BLOCK_R * NBT,)),
+                        tl.reshape(ok, (BLOCK_R * NBT,)), BLOCK_R * NBT, KIND, BITS, BLOCK, NF4_LUT)
     d = tl.reshape(d, (BLOCK_R, BLOCK_K))
     # The unfused path dequantizes to dY's dtype (one RNE rounding) before the GEMM: same operand here.
     if INTERP:

@@ -32,6 +32,7 @@ MAX_FUSED_BLOCK = 256
 _MAX_INDEX = 2**31 - 1
 
 
+@functools.cache
 def is_interpreted() -> bool:
     """Whether the fused kernels were decorated under TRITON_INTERPRET (fixed at import time)."""
     from triton.runtime.interpreter import InterpretedFunction
@@ -78,6 +79,12 @@ _GPU_CONFIGS = (
     TileConfig(block_m=64, block_n=256, block_k=64, num_warps=4, num_stages=4),
     TileConfig(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3),
 )
+
+
+# Below ~1 GFLOP per launch a GEMM takes microseconds whatever the tile, while autotuning compiles and times
+# every config for every new shape/format (seconds each): small launches (tests, conformance) use one config.
+_TUNE_MIN_MNK = 1 << 30
+_GPU_SMALL = _GPU_CONFIGS[4]
 
 
 def _pow2_at_least(n: int) -> int:
@@ -247,7 +254,7 @@ def gemm_quant_epilogue_into(x: torch.Tensor, weight: torch.Tensor, bias: torch.
                 cv[r0 * row_bytes:(r0 + mm) * row_bytes], scales[r0 * row_blocks:(r0 + mm) * row_blocks],
                 mm, n, k, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), _pow2_at_least(mm))
         common = dict(HAS_BIAS=bias is not None, FLOAT=_FLOAT[x.dtype], INTERP=interp, **fmt)
-        cfg = config or (_INTERP_EPILOGUE if interp else None)
+        cfg = config or (_INTERP_EPILOGUE if interp else _GPU_SMALL if mm * n * k < _TUNE_MIN_MNK else None)
         if cfg is None:
             _tuned("epilogue")[lambda meta: (triton_cdiv(mm, meta["BLOCK_M"]) * triton_cdiv(n, meta["BLOCK_N"]),)](
                 *args, **common)
@@ -281,7 +288,7 @@ def gemm_dequant_prologue_into(grad: torch.Tensor, codes: torch.Tensor, scales: 
     args = (_kernel_view(grad), codes.view(torch.int8), scales, _nf4_lut(grad.device), _kernel_view(out),
             m, n, k, grad.stride(0), grad.stride(1), _pow2_at_least(m))
     common = dict(FLOAT=_FLOAT[grad.dtype], INTERP=interp, NF4_LUT=True, **_format_args(spec))
-    cfg = config or (_INTERP_PROLOGUE if interp else None)
+    cfg = config or (_INTERP_PROLOGUE if interp else _GPU_SMALL if m * n * k < _TUNE_MIN_MNK else None)
     if cfg is None:
         _tuned("prologue")[lambda meta: (triton_cdiv(n, meta["BLOCK_N"]) * triton_cdiv(k, meta["BLOCK_K"]),)](
             *args, **common)

@@ -140,7 +140,7 @@ def test_nan_and_overflow_rows_make_nan_blocks(device):
 
 
 def test_row_chunking_for_int32_offsets_changes_nothing(device, monkeypatch):
-    x, w, b = _operands(50, 64, 256, torch.float16, seed=13, bias=True, device=device)
+    x, w, b = _operands(50, 16, 256, torch.float16, seed=13, bias=True, device=device)
     y, q = gemm_quant_epilogue(x, w, b, fmt="int8")
     calls = []
     real = launch.K.gemm_quant_epilogue_kernel
@@ -150,7 +150,7 @@ def test_row_chunking_for_int32_offsets_changes_nothing(device, monkeypatch):
             calls.append(grid)
             return real[grid]
 
-    monkeypatch.setattr(launch, "_MAX_INDEX", 256 * 16 + 200)   # -> 16 rows per launch
+    monkeypatch.setattr(launch, "_MAX_INDEX", 4200)   # (4200 - 16) // 256 -> 16 rows per launch; W spans 4096
     monkeypatch.setattr(launch.K, "gemm_quant_epilogue_kernel", Spy())
     y2, q2 = gemm_quant_epilogue(x, w, b, fmt="int8", config=launch._INTERP_EPILOGUE)
     assert len(calls) == 4                                      # 16 + 16 + 16 + 2 rows
