@@ -7,7 +7,8 @@ and Triton-Ascend compile options (multibuffer, no fp contraction) passed only f
 
 Tensors cross the boundary as the CUDA launcher does it: codes as int8 views (no uint8 arithmetic in
 kernels), bf16 as its int16 bit pattern (widened and rounded with integer logic), fp32 scales.
-Tensors above 2**30 elements are cut into chunks of whole blocks so int32 offsets cannot wrap.
+Tensors above 2**30 elements are cut into pieces of whole blocks so int32 offsets cannot wrap, and a
+ragged last block gets a launch of its own (RAGGED=True), as the shared kernels require.
 """
 from __future__ import annotations
 
@@ -40,11 +41,17 @@ def _nf4_lut(device: torch.device) -> torch.Tensor:
     return torch.tensor(NF4_LEVELS_KERNEL, dtype=torch.float32, device=device)
 
 
-def _chunks(spec: FormatSpec, n: int):
-    """(element offset, elements, code-byte offset, block offset) per chunk of <= 2**30 elements."""
-    step = (MAX_CHUNK_ELEMENTS // spec.block) * spec.block
-    for off in range(0, n, step):
-        yield off, min(step, n - off), off // spec.block * (spec.block * spec.bits // 8), off // spec.block
+def _segments(spec: FormatSpec, n: int):
+    """One launch per piece: runs of whole blocks (<= 2**30 elements each, int32 offsets) with RAGGED=False
+    (row masks only), then the last, partial block, if any, with RAGGED=True (element masks), as the
+    shared kernels expect. Yields (element offset, elements, code-byte offset, block offset, ragged)."""
+    full = n // spec.block * spec.block
+    step = max(spec.block, MAX_CHUNK_ELEMENTS // spec.block * spec.block)
+    per_block = spec.block * spec.bits // 8
+    for off in range(0, full, step):
+        yield off, min(step, full - off), off // spec.block * per_block, off // spec.block, False
+    if full < n:
+        yield full, n - full, full // spec.block * per_block, full // spec.block, True
 
 
 def _float_view(t: torch.Tensor, what: str) -> tuple[torch.Tensor, int]:
@@ -82,10 +89,11 @@ class Launcher:
         return plan_launch(op=op, numel=m, kind=spec.kind, bits=spec.bits, block=spec.block, device=self.props,
                            io_dtype=io_dtype, rows=rows, programs=programs)
 
-    def _consts(self, spec: FormatSpec, plan: LaunchPlan) -> dict:
+    def _consts(self, spec: FormatSpec, plan: LaunchPlan, ragged: bool) -> dict:
         c = format_constexprs(kind=spec.kind, bits=spec.bits, block=spec.block, qmax=spec.qmax)
         c["BLOCK_P"] = plan.lanes  # >= next_pow2(block): padded to a 32-byte tail, extra lanes masked
         c["ROWS"] = plan.rows
+        c["RAGGED"] = ragged
         return c
 
     def _launch(self, kernel, plan: LaunchPlan, args: tuple, consts: dict) -> None:
@@ -99,12 +107,12 @@ class Launcher:
         xv, xk = _float_view(x.reshape(-1), "quantize")
         cv = codes.view(torch.int8)
         self.last_plans = []
-        for off, m, boff, soff in _chunks(spec, n):
+        for off, m, boff, soff, ragged in _segments(spec, n):
             plan = self._plan("quantize", spec, m, _DTYPE_NAME[x.dtype], rows, programs)
             nb = plan.n_blocks
             self._launch(K.quantize_kernel, plan,
                          (xv[off:off + m], cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], m, nb,
-                          plan.n_tiles), {**self._consts(spec, plan), "X_FLOAT": xk})
+                          plan.n_tiles), {**self._consts(spec, plan, ragged), "X_FLOAT": xk})
 
     def dequantize(self, codes, scales, spec, out, *, rows=None, programs=None) -> None:
         """codes + scales -> out flat [N] (fp32, bf16 or fp16)."""
@@ -114,12 +122,12 @@ class Launcher:
         cv = codes.view(torch.int8)
         lut = _nf4_lut(out.device)
         self.last_plans = []
-        for off, m, boff, soff in _chunks(spec, n):
+        for off, m, boff, soff, ragged in _segments(spec, n):
             plan = self._plan("dequantize", spec, m, _DTYPE_NAME[out.dtype], rows, programs)
             nb = plan.n_blocks
             self._launch(K.dequantize_kernel, plan,
                          (cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], lut, ov[off:off + m], m, nb,
-                          plan.n_tiles), {**self._consts(spec, plan), "OUT_FLOAT": ok, "NF4_LUT": False})
+                          plan.n_tiles), {**self._consts(spec, plan, ragged), "OUT_FLOAT": ok, "NF4_LUT": False})
 
     def accumulate(self, codes, scales, spec, g, *, rows=None, programs=None) -> None:
         """In place: (codes, scales) <- Q(D(codes, scales) + g), g flat [N] (fp32, bf16, fp16)."""
@@ -129,12 +137,12 @@ class Launcher:
         cv = codes.view(torch.int8)
         lut = _nf4_lut(g.device)
         self.last_plans = []
-        for off, m, boff, soff in _chunks(spec, n):
+        for off, m, boff, soff, ragged in _segments(spec, n):
             plan = self._plan("accumulate", spec, m, _DTYPE_NAME[g.dtype], rows, programs)
             nb = plan.n_blocks
             self._launch(K.accumulate_kernel, plan,
                          (cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], lut, gv[off:off + m], m, nb,
-                          plan.n_tiles), {**self._consts(spec, plan), "G_FLOAT": gk, "NF4_LUT": False})
+                          plan.n_tiles), {**self._consts(spec, plan, ragged), "G_FLOAT": gk, "NF4_LUT": False})
 
     def reduce_requantize(self, codes, scales, spec, numel, codes_out, scales_out, *, rows=None,
                           programs=None) -> None:
@@ -150,10 +158,10 @@ class Launcher:
         cv, cov = codes.view(torch.int8), codes_out.view(torch.int8)
         lut = _nf4_lut(codes.device)
         self.last_plans = []
-        for off, m, boff, soff in _chunks(spec, n):
+        for off, m, boff, soff, ragged in _segments(spec, n):
             plan = self._plan("reduce_requantize", spec, m, "float32", rows, programs)
             nb, cb = plan.n_blocks, spec.code_bytes(m)
             self._launch(K.reduce_requantize_kernel, plan,
                          (cv[:, boff:boff + cb], scales[:, soff:soff + nb], lut, cov[boff:boff + cb],
                           scales_out[soff:soff + nb], m, nb, plan.n_tiles, w, codes.stride(0), scales.stride(0)),
-                         {**self._consts(spec, plan), "NF4_LUT": False})
+                         {**self._consts(spec, plan, ragged), "NF4_LUT": False})

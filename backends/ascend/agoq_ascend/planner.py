@@ -254,7 +254,8 @@ def _fit_rows(op: str, kind: str, bits: int, lanes: int, io_dtype: str, budget: 
 def plan_launch(*, op: str, numel: int, kind: str, bits: int, block: int, device: DeviceProps,
                 io_dtype: str = "float32", rows: int | None = None, programs: int | None = None) -> LaunchPlan:
     """Plan one launch over ``numel`` elements (at most MAX_CHUNK_ELEMENTS: the launcher chunks bigger
-    tensors so int32 offsets cannot wrap). ``rows``/``programs`` override the choice (tests, tuning)."""
+    tensors so int32 offsets cannot wrap). ``rows`` overrides the tile height (a power of two that fits);
+    ``programs`` caps the grid (tests, tuning)."""
     _check_args(op, kind, bits, io_dtype)
     if isinstance(block, bool) or not isinstance(block, int) or block <= 0 or block % 8:
         raise PlanError(f"block must be a positive multiple of 8, got {block!r}")
@@ -284,10 +285,10 @@ def plan_launch(*, op: str, numel: int, kind: str, bits: int, block: int, device
                         f"block {block}, {io_dtype} on {device.name}")
     n_tiles = -(-n_blocks // rows)
     grid = min(n_tiles, device.vector_cores, MAX_GRID)
-    if programs is not None:
-        if not 1 <= programs <= grid:
-            raise PlanError(f"programs={programs} must be in [1, {grid}] (tiles, vector cores and 65535 bound it)")
-        grid = programs
+    if programs is not None:  # a cap (tests, tuning): never more than tiles, cores or 65535 allow
+        if isinstance(programs, bool) or not isinstance(programs, int) or programs < 1:
+            raise PlanError(f"programs={programs!r} must be a positive int (an upper bound on the grid)")
+        grid = min(grid, programs)
     return LaunchPlan(op=op, numel=numel, block=block, lanes=lanes, rows=rows, n_blocks=n_blocks, n_tiles=n_tiles,
                       grid=grid, multibuffer=multibuffer,
                       ub_bytes_used=working_set(op, kind, bits, lanes=lanes, rows=rows, io_dtype=io_dtype),

@@ -81,11 +81,17 @@ def _consts(spec: FormatSpec) -> dict:
     return format_constexprs(kind=spec.kind, bits=spec.bits, block=spec.block, qmax=spec.qmax)
 
 
-def _chunks(spec: FormatSpec, n: int):
-    """(element offset, elements, code-byte offset, block offset) per chunk of <= 2**30 elements."""
-    step = (MAX_CHUNK_ELEMENTS // spec.block) * spec.block
-    for off in range(0, n, step):
-        yield off, min(step, n - off), off // spec.block * (spec.block * spec.bits // 8), off // spec.block
+def _segments(spec: FormatSpec, n: int):
+    """Pieces of one tensor, each one launch: runs of whole blocks (<= 2**30 elements) with RAGGED=False,
+    then the last, partial block (if any) with RAGGED=True.
+
+    Yields (element offset, elements, code-byte offset, block offset, ragged)."""
+    full = n // spec.block * spec.block
+    step = max(spec.block, MAX_CHUNK_ELEMENTS // spec.block * spec.block)
+    for off in range(0, full, step):
+        yield off, min(step, full - off), off // spec.block * (spec.block * spec.bits // 8), off // spec.block, False
+    if full < n:
+        yield full, n - full, full // spec.block * (spec.block * spec.bits // 8), full // spec.block, True
 
 
 def _float_view(t: torch.Tensor, what: str) -> tuple[torch.Tensor, int]:
@@ -125,12 +131,12 @@ def quantize(x: torch.Tensor, spec: FormatSpec, codes: torch.Tensor, scales: tor
     xv, xk = _float_view(x.reshape(-1), "quantize")
     c = _consts(spec)
     cv = codes.view(torch.int8)
-    for off, m, boff, soff in _chunks(spec, n):
+    for off, m, boff, soff, ragged in _segments(spec, n):
         nb = spec.num_blocks(m)
         geo = geometry(c["BLOCK_P"], nb, x.device, rows=rows, programs=programs)
         _launch(K.quantize_kernel, geo,
                 (xv[off:off + m], cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], m, nb,
-                 -(-nb // geo.rows)), **c, ROWS=geo.rows, X_FLOAT=xk)
+                 -(-nb // geo.rows)), **c, ROWS=geo.rows, RAGGED=ragged, X_FLOAT=xk)
 
 
 def dequantize(codes: torch.Tensor, scales: torch.Tensor, spec: FormatSpec, out: torch.Tensor, *,
@@ -142,12 +148,12 @@ def dequantize(codes: torch.Tensor, scales: torch.Tensor, spec: FormatSpec, out:
     c = _consts(spec)
     cv = codes.view(torch.int8)
     lut = _nf4_lut(out.device)
-    for off, m, boff, soff in _chunks(spec, n):
+    for off, m, boff, soff, ragged in _segments(spec, n):
         nb = spec.num_blocks(m)
         geo = geometry(c["BLOCK_P"], nb, out.device, rows=rows, programs=programs)
         _launch(K.dequantize_kernel, geo,
                 (cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], lut, ov[off:off + m], m, nb,
-                 -(-nb // geo.rows)), **c, ROWS=geo.rows, OUT_FLOAT=ok, NF4_LUT=True)
+                 -(-nb // geo.rows)), **c, ROWS=geo.rows, RAGGED=ragged, OUT_FLOAT=ok, NF4_LUT=True)
 
 
 def accumulate(codes: torch.Tensor, scales: torch.Tensor, spec: FormatSpec, g: torch.Tensor, *,
@@ -161,12 +167,12 @@ def accumulate(codes: torch.Tensor, scales: torch.Tensor, spec: FormatSpec, g: t
     c = _consts(spec)
     cv = codes.view(torch.int8)
     lut = _nf4_lut(g.device)
-    for off, m, boff, soff in _chunks(spec, n):
+    for off, m, boff, soff, ragged in _segments(spec, n):
         nb = spec.num_blocks(m)
         geo = geometry(c["BLOCK_P"], nb, g.device, rows=rows, programs=programs)
         _launch(K.accumulate_kernel, geo,
                 (cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], lut, gv[off:off + m], m, nb,
-                 -(-nb // geo.rows)), **c, ROWS=geo.rows, G_FLOAT=gk, NF4_LUT=True)
+                 -(-nb // geo.rows)), **c, ROWS=geo.rows, RAGGED=ragged, G_FLOAT=gk, NF4_LUT=True)
 
 
 def reduce_requantize(codes: torch.Tensor, scales: torch.Tensor, spec: FormatSpec, numel: int,
@@ -184,11 +190,11 @@ def reduce_requantize(codes: torch.Tensor, scales: torch.Tensor, spec: FormatSpe
     c = _consts(spec)
     cv, cov = codes.view(torch.int8), codes_out.view(torch.int8)
     lut = _nf4_lut(codes.device)
-    for off, m, boff, soff in _chunks(spec, n):
+    for off, m, boff, soff, ragged in _segments(spec, n):
         nb = spec.num_blocks(m)
         cb = spec.code_bytes(m)
         geo = geometry(c["BLOCK_P"], nb, codes.device, rows=rows, programs=programs)
         _launch(K.reduce_requantize_kernel, geo,
                 (cv[:, boff:boff + cb], scales[:, soff:soff + nb], lut, cov[boff:boff + cb],
                  scales_out[soff:soff + nb], m, nb, -(-nb // geo.rows), w, codes.stride(0), scales.stride(0)),
-                **c, ROWS=geo.rows, NF4_LUT=True)
+                **c, ROWS=geo.rows, RAGGED=ragged, NF4_LUT=True)

@@ -25,10 +25,19 @@ def _tie_block(spec: FormatSpec, block: int, s: float) -> torch.Tensor:
     return out
 
 
+def _subnormal_product_block(spec: FormatSpec, block: int, g: torch.Generator) -> torch.Tensor:
+    """Scale = 1.25 * 2**-126 (just above the flush threshold): every code with |decode| < 0.8 then
+    dequantizes to an fp32 subnormal, which flush-to-zero arithmetic would lose."""
+    x0 = spec.qmax * 1.25 * 2.0**-126
+    b = (torch.rand(block, generator=g) * 2 - 1) * x0
+    b[0] = x0
+    return b
+
+
 def special_blocks(spec: FormatSpec, block: int, seed: int) -> torch.Tensor:
     """fp32 tensor of whole blocks, one value class each, followed by a ragged tail of block // 2 + 3
     elements: Gaussian, heavy tail, all zeros, ties at three scales, +-fp32 max, tiny normals and
-    subnormals (flushed), tiny scales whose dequantized products are subnormal, NaN, +Inf, -Inf,
+    subnormals (flushed), tiny scales (dequantized products that are fp32 subnormals), NaN, +Inf, -Inf,
     one outlier, and values around fp16's range."""
     g = torch.Generator().manual_seed(seed)
     f32 = torch.finfo(torch.float32)
@@ -51,6 +60,7 @@ def special_blocks(spec: FormatSpec, block: int, seed: int) -> torch.Tensor:
         torch.arange(block) * f32.tiny,                                       # tiny normals
         put([f32.tiny / 4, -f32.tiny / 2, 1e-40, -1e-45, 3.0, -0.0]),         # subnormals are flushed
         rnd(2.0**-118), rnd(2.0**-112), rnd(2.0**-100),                       # scales near 2**-126
+        _subnormal_product_block(spec, block, g),
         torch.cat([rnd()[:-1], torch.tensor([float("nan")])]),
         torch.cat([torch.tensor([float("inf")]), rnd()[1:]]),
         put([-float("inf")]),

@@ -84,9 +84,11 @@ def test_accumulate_matches_reference(fmt, block, gdtype, device):
     n = 6 * block + 5
     a = torch.randn(n, generator=g0) * 1e-2
     a[block: 2 * block] = 0.0                                          # an all-zero block stays exact
+    a[5 * block: 6 * block] *= spec.qmax * 2.0**-126 / a[5 * block: 6 * block].abs().max()  # subnormal products
     grad = torch.randn(n, generator=g0) * 3e-3
     grad[3] = float("nan")                                             # poisons block 0 only
     grad[2 * block + 1] = 1e-40                                        # subnormal gradient (kept, then flushed)
+    grad[5 * block: 6 * block] *= 2.0**-120                            # tiny: the sum keeps subnormal parts
     grad[3 * block + 2] = -3e38                                        # d + g stays finite
     grad = grad.to(gdtype)
     c0, s0 = ref.quantize_blocks(a, spec)

@@ -1,11 +1,13 @@
 """The four codec kernels: quantize, dequantize, fused accumulate, fused reduce-requantize.
 
 Geometry (the same for every kernel): a tile is ROWS consecutive blocks x BLOCK_P lanes (BLOCK_P =
-next power of two >= BLOCK; lanes >= BLOCK and elements >= n are masked). A 1-D grid of any size
-walks the tiles with a persistent strided loop (program p takes tiles p, p + P, p + 2P, ...), so each backend
-chooses the number of programs P
-(CUDA: enough CTAs to fill the SMs; the interpreter: one or two programs, ~8 ms each; Ascend: one
-per vector core). Offsets are int32: launchers pass chunks of <= layout.MAX_CHUNK_ELEMENTS.
+next power of two >= BLOCK; lanes >= BLOCK are masked). A 1-D grid of any size walks the tiles with a
+persistent strided loop (program p takes tiles p, p + P, p + 2P, ...), so each backend chooses the
+number of programs P (CUDA: enough CTAs to fill the SMs; the interpreter: one or two, ~8 ms each;
+Ascend: one per vector core). A launch covers either whole blocks only (RAGGED=False: rows >=
+n_blocks are masked) or the last, partial block of a tensor (RAGGED=True: elements >= n are masked);
+launchers split a ragged tensor into two launches. Offsets are int32: launchers pass pieces of at
+most layout.MAX_CHUNK_ELEMENTS elements.
 
 Packing (docs/formats.md §5): a tile's codes are regrouped into pack groups of G = 8/gcd(bits, 8)
 codes (4-bit: 2 -> 1 byte, 5-bit: 8 -> 5 bytes, 6-bit: 4 -> 3 bytes) with tl.reshape + tl.split /
@@ -50,12 +52,24 @@ def _store_f32(ptr, offs, x, mask, FLOAT: tl.constexpr):
 
 # ---- tile geometry ------------------------------------------------------------------------------------
 @triton.jit
-def _tile(t, n, ROWS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr):
+def _tile(t, n, n_blocks, ROWS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, RAGGED: tl.constexpr):
     rows = t * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_P)
     elem = rows[:, None] * BLOCK + cols[None, :]
-    emask = (cols[None, :] < BLOCK) & (elem < n)
+    if RAGGED:  # the launch holding the last, partial block: mask element by element
+        emask = (cols[None, :] < BLOCK) & (elem < n)
+    else:  # whole blocks only: a row mask keeps the loads vectorizable whatever n is
+        emask = (cols[None, :] < BLOCK) & (rows[:, None] < n_blocks)
     return rows, elem, emask
+
+
+@triton.jit
+def _group_mask(rows, k, n, n_blocks, G: tl.constexpr, BLOCK: tl.constexpr, RAGGED: tl.constexpr):
+    """Pack group k of each row is stored iff it exists (k < BLOCK / G) and its first element is < n."""
+    if RAGGED:
+        return (k < BLOCK // G) & (rows[:, None] * BLOCK + G * k < n)
+    else:
+        return (k < BLOCK // G) & (rows[:, None] < n_blocks)
 
 
 # ---- the block quantizer on a register tile -------------------------------------------------------------
@@ -85,8 +99,8 @@ def _quantize_tile(x, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr
 
 # ---- packing ------------------------------------------------------------------------------------------
 @triton.jit
-def _store_codes(codes_ptr, c, rows, elem, emask, n, ROWS: tl.constexpr, BITS: tl.constexpr,
-                 BLOCK: tl.constexpr, BLOCK_P: tl.constexpr):
+def _store_codes(codes_ptr, c, rows, elem, emask, n, n_blocks, ROWS: tl.constexpr, BITS: tl.constexpr,
+                 BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, RAGGED: tl.constexpr):
     """Pack int32 codes [ROWS, BLOCK_P] into the byte stream (int8 view). A pack group is stored iff
     its first element is < n: exactly spec.code_bytes(n) bytes, the tail padded with encode(0)."""
     if BITS == 8:
@@ -94,7 +108,7 @@ def _store_codes(codes_ptr, c, rows, elem, emask, n, ROWS: tl.constexpr, BITS: t
     elif BITS == 4:
         lo, hi = tl.split(tl.reshape(c, (ROWS, BLOCK_P // 2, 2)))
         k = tl.arange(0, BLOCK_P // 2)[None, :]
-        m = (k < BLOCK // 2) & (rows[:, None] * BLOCK + 2 * k < n)
+        m = _group_mask(rows, k, n, n_blocks, 2, BLOCK, RAGGED)
         tl.store(codes_ptr + rows[:, None] * (BLOCK // 2) + k, (lo | (hi << 4)).to(tl.int8), mask=m)
     elif BITS == 6:
         a, b = tl.split(tl.reshape(c, (ROWS, BLOCK_P // 4, 2, 2)))  # a: codes 0, 2; b: codes 1, 3
@@ -102,7 +116,7 @@ def _store_codes(codes_ptr, c, rows, elem, emask, n, ROWS: tl.constexpr, BITS: t
         c1, c3 = tl.split(b)
         word = c0 | (c1 << 6) | (c2 << 12) | (c3 << 18)
         k = tl.arange(0, BLOCK_P // 4)[None, :]
-        m = (k < BLOCK // 4) & (rows[:, None] * BLOCK + 4 * k < n)
+        m = _group_mask(rows, k, n, n_blocks, 4, BLOCK, RAGGED)
         base = codes_ptr + rows[:, None] * (BLOCK // 4 * 3) + 3 * k
         tl.store(base, word.to(tl.int8), mask=m)
         tl.store(base + 1, (word >> 8).to(tl.int8), mask=m)
@@ -118,7 +132,7 @@ def _store_codes(codes_ptr, c, rows, elem, emask, n, ROWS: tl.constexpr, BITS: t
         lo = c0 | (c1 << 5) | (c2 << 10) | (c3 << 15)
         hi = c4 | (c5 << 5) | (c6 << 10) | (c7 << 15)
         k = tl.arange(0, BLOCK_P // 8)[None, :]
-        m = (k < BLOCK // 8) & (rows[:, None] * BLOCK + 8 * k < n)
+        m = _group_mask(rows, k, n, n_blocks, 8, BLOCK, RAGGED)
         base = codes_ptr + rows[:, None] * (BLOCK // 8 * 5) + 5 * k
         tl.store(base, lo.to(tl.int8), mask=m)
         tl.store(base + 1, (lo >> 8).to(tl.int8), mask=m)
@@ -133,19 +147,19 @@ def _load_byte(ptr, mask):
 
 
 @triton.jit
-def _load_codes(codes_ptr, rows, elem, emask, n, ROWS: tl.constexpr, BITS: tl.constexpr,
-                BLOCK: tl.constexpr, BLOCK_P: tl.constexpr):
+def _load_codes(codes_ptr, rows, elem, emask, n, n_blocks, ROWS: tl.constexpr, BITS: tl.constexpr,
+                BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, RAGGED: tl.constexpr):
     """Inverse of _store_codes: int32 codes [ROWS, BLOCK_P] (masked lanes are 0)."""
     if BITS == 8:
         return _load_byte(codes_ptr + elem, emask)
     elif BITS == 4:
         k = tl.arange(0, BLOCK_P // 2)[None, :]
-        m = (k < BLOCK // 2) & (rows[:, None] * BLOCK + 2 * k < n)
+        m = _group_mask(rows, k, n, n_blocks, 2, BLOCK, RAGGED)
         byte = _load_byte(codes_ptr + rows[:, None] * (BLOCK // 2) + k, m)
         return tl.reshape(tl.join(byte & 0xF, byte >> 4), (ROWS, BLOCK_P))
     elif BITS == 6:
         k = tl.arange(0, BLOCK_P // 4)[None, :]
-        m = (k < BLOCK // 4) & (rows[:, None] * BLOCK + 4 * k < n)
+        m = _group_mask(rows, k, n, n_blocks, 4, BLOCK, RAGGED)
         base = codes_ptr + rows[:, None] * (BLOCK // 4 * 3) + 3 * k
         word = _load_byte(base, m) | (_load_byte(base + 1, m) << 8) | (_load_byte(base + 2, m) << 16)
         c0 = word & 63
@@ -155,7 +169,7 @@ def _load_codes(codes_ptr, rows, elem, emask, n, ROWS: tl.constexpr, BITS: tl.co
         return tl.reshape(tl.join(tl.join(c0, c2), tl.join(c1, c3)), (ROWS, BLOCK_P))
     else:
         k = tl.arange(0, BLOCK_P // 8)[None, :]
-        m = (k < BLOCK // 8) & (rows[:, None] * BLOCK + 8 * k < n)
+        m = _group_mask(rows, k, n, n_blocks, 8, BLOCK, RAGGED)
         base = codes_ptr + rows[:, None] * (BLOCK // 8 * 5) + 5 * k
         b2 = _load_byte(base + 2, m)
         lo = _load_byte(base, m) | (_load_byte(base + 1, m) << 8) | ((b2 & 0xF) << 16)
@@ -176,84 +190,92 @@ def _load_codes(codes_ptr, rows, elem, emask, n, ROWS: tl.constexpr, BITS: tl.co
 @triton.jit
 def _dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, elem, emask, n, n_blocks, ROWS: tl.constexpr,
                      KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
-                     NF4_LUT: tl.constexpr):
+                     NF4_LUT: tl.constexpr, RAGGED: tl.constexpr):
     """fp32 decode(code) * scale for a tile (one rounding: a plain fp32 multiply)."""
-    c = _load_codes(codes_ptr, rows, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P)
+    c = _load_codes(codes_ptr, rows, elem, emask, n, n_blocks, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
     s = tl.load(scales_ptr + rows, mask=rows < n_blocks, other=0.0)
     return decode(c, lut_ptr, KIND, BITS, NF4_LUT) * s[:, None]
 
 
 # ---- kernels --------------------------------------------------------------------------------------------
-@triton.jit
+# Sizes are not specialized: one compiled kernel per format/dtype/geometry serves every tensor size
+# (Triton would otherwise compile again for n % 16 == 0 vs not, n == 1, ...). Vectorization does not
+# need them: whole-block launches mask by row (RAGGED=False).
+_SIZES = ["n", "n_blocks", "n_tiles"]
+
+
+@triton.jit(do_not_specialize=_SIZES)
 def quantize_kernel(x_ptr, codes_ptr, scales_ptr, n, n_blocks, n_tiles,
                     KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
-                    QMAX: tl.constexpr, ROWS: tl.constexpr, X_FLOAT: tl.constexpr):
+                    QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, X_FLOAT: tl.constexpr):
     """x (n elements; fp32/fp16, or bf16 as int16) -> codes (int8 view of the uint8 buffer), scales fp32."""
     t = tl.program_id(0)
     while t < n_tiles:
-        rows, elem, emask = _tile(t, n, ROWS, BLOCK, BLOCK_P)
+        rows, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
         x = _load_f32(x_ptr, elem, emask, X_FLOAT)
         codes, scale = _quantize_tile(x, KIND, BITS, QMAX)
-        _store_codes(codes_ptr, codes, rows, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P)
+        _store_codes(codes_ptr, codes, rows, elem, emask, n, n_blocks, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
         tl.store(scales_ptr + rows, scale, mask=rows < n_blocks)
         t += tl.num_programs(0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_SIZES)
 def dequantize_kernel(codes_ptr, scales_ptr, lut_ptr, out_ptr, n, n_blocks, n_tiles,
                       KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
-                      QMAX: tl.constexpr, ROWS: tl.constexpr, OUT_FLOAT: tl.constexpr, NF4_LUT: tl.constexpr):
+                      QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, OUT_FLOAT: tl.constexpr,
+                      NF4_LUT: tl.constexpr):
     """codes + scales -> out (fp32/fp16, or bf16 as int16): fp32 decode * scale, one RNE cast."""
     t = tl.program_id(0)
     while t < n_tiles:
-        rows, elem, emask = _tile(t, n, ROWS, BLOCK, BLOCK_P)
+        rows, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
         y = _dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, elem, emask, n, n_blocks,
-                             ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT)
+                             ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED)
         _store_f32(out_ptr, elem, y, emask, OUT_FLOAT)
         t += tl.num_programs(0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_SIZES)
 def accumulate_kernel(codes_ptr, scales_ptr, lut_ptr, g_ptr, n, n_blocks, n_tiles,
                       KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
-                      QMAX: tl.constexpr, ROWS: tl.constexpr, G_FLOAT: tl.constexpr, NF4_LUT: tl.constexpr):
+                      QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, G_FLOAT: tl.constexpr,
+                      NF4_LUT: tl.constexpr):
     """In place: (codes, scales) <- Q(D(codes, scales) + g), D in fp32 and one fp32 add.
 
     Each tile reads its own blocks before writing them, so in-place is race-free."""
     t = tl.program_id(0)
     while t < n_tiles:
-        rows, elem, emask = _tile(t, n, ROWS, BLOCK, BLOCK_P)
+        rows, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
         d = _dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, elem, emask, n, n_blocks,
-                             ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT)
+                             ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED)
         g = _load_f32(g_ptr, elem, emask, G_FLOAT)
         acc = tl.where(emask, d + g, 0.0)  # padding lanes are 0, whatever garbage the pad codes hold
         codes, scale = _quantize_tile(acc, KIND, BITS, QMAX)
-        _store_codes(codes_ptr, codes, rows, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P)
+        _store_codes(codes_ptr, codes, rows, elem, emask, n, n_blocks, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
         tl.store(scales_ptr + rows, scale, mask=rows < n_blocks)
         t += tl.num_programs(0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_SIZES + ["world", "codes_stride", "scales_stride"])
 def reduce_requantize_kernel(codes_ptr, scales_ptr, lut_ptr, codes_out_ptr, scales_out_ptr,
                              n, n_blocks, n_tiles, world, codes_stride, scales_stride,
                              KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
-                             QMAX: tl.constexpr, ROWS: tl.constexpr, NF4_LUT: tl.constexpr):
+                             QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, NF4_LUT: tl.constexpr):
     """codes[world, codes_stride], scales[world, scales_stride] -> Q(((D0 + D1) + D2) + ...).
 
     The fp32 sum runs in rank order (a left fold), so every rank and every backend gets the same bits."""
     t = tl.program_id(0)
     while t < n_tiles:
-        rows, elem, emask = _tile(t, n, ROWS, BLOCK, BLOCK_P)
+        rows, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
         acc = _dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, elem, emask, n, n_blocks,
-                               ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT)
+                               ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED)
         r = 1
         while r < world:
             acc = acc + _dequantize_tile(codes_ptr + r * codes_stride, scales_ptr + r * scales_stride, lut_ptr,
                                          rows, elem, emask, n, n_blocks, ROWS, KIND, BITS, BLOCK, BLOCK_P,
-                                         NF4_LUT)
+                                         NF4_LUT, RAGGED)
             r += 1
         acc = tl.where(emask, acc, 0.0)
         codes, scale = _quantize_tile(acc, KIND, BITS, QMAX)
-        _store_codes(codes_out_ptr, codes, rows, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P)
+        _store_codes(codes_out_ptr, codes, rows, elem, emask, n, n_blocks, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
         tl.store(scales_out_ptr + rows, scale, mask=rows < n_blocks)
         t += tl.num_programs(0)

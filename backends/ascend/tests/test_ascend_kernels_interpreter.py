@@ -1,0 +1,184 @@
+"""The shared kernel bodies, launched with the Ascend geometry (planner rows, 32-byte-padded lanes, one
+program per fake vector core, NF4 select tree), in upstream Triton's CPU interpreter: bit-exact against
+the reference for every format, over geometries the conformance suite's defaults do not reach.
+
+Also a static check that the bodies stay inside the Triton subset Triton-Ascend documents."""
+from __future__ import annotations
+
+import ast
+import inspect
+
+import pytest
+import torch
+
+from agoq_core.formats import reference as ref
+from agoq_core.formats.spec import get_format, list_formats
+from agoq_ascend import launch as L
+from agoq_ascend.planner import MIN_LANES
+
+FORMATS = [s.name for s in list_formats()]
+
+
+def _input(n: int, seed: int, dtype=torch.float32) -> torch.Tensor:
+    """Gaussian with structure: an all-zero block, a NaN, an Inf, exact ties, subnormals, a big outlier."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g) * torch.exp2(torch.randint(-6, 6, (n,), generator=g).float())
+    if n >= 64:
+        x[8:16] = 0.0
+        x[20] = 2.0 ** -130          # subnormal: flushed by the contract
+        x[21] = -(2.0 ** -127)
+        x[30] = float("nan")
+        x[40] = float("-inf")
+        x[50] = 3.5                  # ties after scaling appear in int formats
+        x[51] = -2.5
+        x[63] = 6.0e4
+    return x.to(dtype)
+
+
+def _want_q(x, spec):
+    return ref.quantize_blocks(x, spec)
+
+
+# (n, block, rows, programs): padded lanes (block 8/24/40 -> 32/32/64 lanes), one row per tile with many
+# tiles per program, a ragged tail, the largest block the A2 UB takes.
+GEOMETRIES = [
+    (64, 8, 1, 3),
+    (24 * 7 + 5, 24, 2, 2),
+    (40 * 9, 40, 1, 1),
+    (1000, 128, None, None),
+    (3 * 1024 + 17, 1024, None, None),
+]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("n,block,rows,programs", GEOMETRIES)
+def test_quantize_dequantize_bit_exact_with_ascend_geometry(interp_backend, fmt, n, block, rows, programs):
+    spec = get_format(fmt, block)
+    x = _input(n, seed=n + block)
+    la = interp_backend.launcher
+    codes = torch.empty(spec.code_bytes(n), dtype=torch.uint8)
+    scales = torch.empty(spec.num_blocks(n))
+    la.quantize(x, spec, codes, scales, rows=rows, programs=programs)
+    wc, ws = _want_q(x, spec)
+    assert torch.equal(codes, wc), f"{fmt}: codes differ at {(codes != wc).nonzero()[:5].tolist()}"
+    assert torch.equal(scales.isnan(), ws.isnan()) and torch.equal(scales.nan_to_num(), ws.nan_to_num())
+    for p in la.last_plans:
+        assert p.grid <= interp_backend.props.vector_cores and p.lanes >= max(block, MIN_LANES)
+    assert la.last_plans[-1].block == block
+    for out_dtype in (torch.float32, torch.bfloat16, torch.float16):
+        out = torch.empty(n, dtype=out_dtype)
+        la.dequantize(wc, ws, spec, out, rows=rows, programs=programs)
+        want = ref.dequantize_blocks(wc, ws, spec, n, out_dtype)
+        assert torch.equal(out.view(torch.int16 if out_dtype != torch.float32 else torch.int32).masked_fill(want.isnan(), 0),
+                           want.view(out.view(torch.int16 if out_dtype != torch.float32 else torch.int32).dtype)
+                           .masked_fill(want.isnan(), 0)) and torch.equal(out.isnan(), want.isnan()), (fmt, out_dtype)
+
+
+@pytest.mark.parametrize("in_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("fmt", ["int4", "nf4", "fp8_e4m3", "int5"])
+def test_half_precision_inputs(interp_backend, fmt, in_dtype):
+    spec = get_format(fmt, 32)
+    x = _input(32 * 5 + 3, seed=7, dtype=in_dtype)
+    codes = torch.empty(spec.code_bytes(x.numel()), dtype=torch.uint8)
+    scales = torch.empty(spec.num_blocks(x.numel()))
+    interp_backend.launcher.quantize(x, spec, codes, scales, rows=1)
+    wc, ws = _want_q(x, spec)
+    assert torch.equal(codes, wc) and torch.equal(scales.nan_to_num(), ws.nan_to_num())
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e5m2", "int8", "int6"])
+def test_accumulate_and_reduce_requantize(interp_backend, fmt):
+    spec = get_format(fmt, 64)
+    n = 64 * 5 + 9
+    la = interp_backend.launcher
+    c0, s0 = ref.quantize_blocks(_input(n, 1), spec)
+    g = (_input(n, 2) * 0.01).to(torch.bfloat16)
+    codes, scales = c0.clone(), s0.clone()
+    la.accumulate(codes, scales, spec, g, rows=2, programs=2)
+    wc, ws = ref.accumulate(c0, s0, spec, n, g)
+    assert torch.equal(codes, wc) and torch.equal(scales.nan_to_num(), ws.nan_to_num())
+    qs = [ref.quantize_blocks(torch.randn(n, generator=torch.Generator().manual_seed(10 + r)) * (r + 1), spec)
+          for r in range(3)]
+    cin = torch.stack([q[0] for q in qs])
+    sin = torch.stack([q[1] for q in qs])
+    co = torch.empty(spec.code_bytes(n), dtype=torch.uint8)
+    so = torch.empty(spec.num_blocks(n))
+    la.reduce_requantize(cin, sin, spec, n, co, so, rows=1, programs=3)
+    wc, ws = ref.reduce_requantize(cin, sin, spec, n)
+    assert torch.equal(co, wc) and torch.equal(so, ws)
+
+
+def test_nf4_decodes_with_the_select_tree_not_the_table(interp_backend, monkeypatch):
+    """Ascend launches pass NF4_LUT=False: a poisoned table must not change the result."""
+    spec = get_format("nf4")
+    x = _input(300, 3)
+    wc, ws = ref.quantize_blocks(x, spec)
+    monkeypatch.setattr(L, "_nf4_lut", lambda device: torch.full((16,), float("nan")))
+    out = torch.empty(300)
+    interp_backend.launcher.dequantize(wc, ws, spec, out)
+    want = ref.dequantize_blocks(wc, ws, spec, 300, torch.float32)
+    assert torch.equal(out.nan_to_num(), want.nan_to_num()) and torch.equal(out.isnan(), want.isnan())
+
+
+def test_segments_cover_huge_tensors_in_int32_safe_pieces():
+    from agoq_triton_kernels.layout import MAX_CHUNK_ELEMENTS
+
+    for fmt, block in (("int5", 128), ("fp8_e4m3", 256), ("int4", 24)):
+        spec = get_format(fmt, block)
+        n = 2 * MAX_CHUNK_ELEMENTS + 3 * block + 5
+        segs = list(L._segments(spec, n))
+        assert sum(m for _, m, _, _, _ in segs) == n
+        pos = 0
+        for off, m, boff, soff, ragged in segs:
+            assert off == pos and m <= MAX_CHUNK_ELEMENTS and off % block == 0
+            assert boff == spec.code_bytes(off) and soff == spec.num_blocks(off)
+            assert ragged == (m % block != 0) and (not ragged or off + m == n)
+            pos += m
+        assert segs[-1][4] and segs[-1][1] == n % block != 0
+
+
+def test_last_plans_follow_the_planner(interp_backend):
+    spec = get_format("int4")
+    n = 128 * 40 + 7
+    x = _input(n, 4)
+    codes = torch.empty(spec.code_bytes(n), dtype=torch.uint8)
+    scales = torch.empty(spec.num_blocks(n))
+    interp_backend.launcher.quantize(x, spec, codes, scales)
+    whole, tail = interp_backend.launcher.last_plans
+    assert (whole.n_blocks, tail.n_blocks, tail.numel) == (40, 1, 7)
+    assert whole.grid == 3 and whole.rows == 8 and whole.n_tiles == 5  # 40 blocks / 3 cores -> 8 rows, 5 tiles
+
+
+# ---- the Triton-Ascend subset --------------------------------------------------------------------------
+# Ops of Triton-Ascend's op table (docs/sources/python-api/outline.md) the bodies may use, and the dtypes
+# its table lists for them. Absent on purpose: uint8/uint32 (no column / unsupported), fp8 (no FP8 on
+# A2/A3), int64 (where unsupported), libdevice (no rint, different module), inline asm, sort, dot_scaled.
+_ALLOWED_TL = {
+    "constexpr", "program_id", "num_programs", "arange", "load", "store", "where", "max", "min", "sum",
+    "split", "join", "reshape", "minimum", "maximum", "abs", "math", "div_rn",
+    "int8", "int16", "int32", "float16", "float32", "bfloat16",
+}
+
+
+def _tl_attrs(module) -> set[str]:
+    tree = ast.parse(inspect.getsource(module))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            base = node.value
+            if isinstance(base, ast.Name) and base.id == "tl":
+                found.add(node.attr)
+            elif isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name) and base.value.id == "tl":
+                found.add(node.attr)  # tl.math.<fn>
+    return found
+
+
+def test_shared_bodies_use_only_ops_and_dtypes_triton_ascend_supports():
+    from agoq_triton_kernels import codes, kernels
+
+    used = _tl_attrs(codes) | _tl_attrs(kernels)
+    unsupported = used - _ALLOWED_TL
+    assert not unsupported, (f"the shared kernel bodies use {sorted(unsupported)}, outside the Triton-Ascend subset; "
+                             "give agoq-ascend an Ascend variant or keep the bodies portable")
+    src = inspect.getsource(codes) + inspect.getsource(kernels)
+    assert "libdevice" not in src.replace("no libdevice", "") and "inline_asm" not in src
