@@ -409,6 +409,11 @@ class QuanGradDDP(torch.nn.Module):
         """Bytes of the persistent 8-bit gradient buffers (what replaces .grad / main_grad)."""
         return self.storage.nbytes
 
+    def gradient_buffers(self) -> list[torch.Tensor]:
+        """The tensors that hold the gradients between backward and step (codes and scales of every
+        bucket), for memory accounting by storage."""
+        return [*self.storage.codes, *self.storage.scales]
+
     def gradient(self, name: str) -> torch.Tensor:
         """The accumulated gradient of parameter ``name`` dequantized to fp32 (for inspection)."""
         try:

@@ -315,3 +315,86 @@ def ddp_hook(rank: int, world: int) -> dict:
                      "fallback": state.fallback_buckets, "summary": state.summary()}
     res["ddp"] = _ddp_fp32(rank, steps, micro)
     return res
+
+
+# ---- a tiny HF LLaMA on real text --------------------------------------------------------------------
+
+def _wikitext_bytes() -> torch.Tensor:
+    import pathlib
+
+    import agoq_core
+
+    path = pathlib.Path(agoq_core.__file__).parent / "data" / "wikitext-2" / "valid.txt"  # CC BY-SA 3.0
+    return torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8).long()
+
+
+def _llama_batches(data, seed, rank, steps, micro, bs=4, seq=64):
+    g = torch.Generator().manual_seed(seed * 100 + rank)
+    for _ in range(steps):
+        yield [torch.stack([data[i: i + seq] for i in torch.randint(0, data.numel() - seq, (bs,), generator=g).tolist()])
+               for _ in range(micro)]
+
+
+def llama(rank: int, world: int, steps: int = 30, micro: int = 4) -> dict:
+    """QuanGrad (E4M3) vs plain DDP in fp32 on a byte-level LLaMA (~350K parameters), same seed and
+    data, AdamW, clipping at 1.0, 4 micro-batches of accumulation."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from agoq_core.quangrad import QuanGradConfig, QuanGradDDP, optimizer_factory
+
+    cfg = LlamaConfig(vocab_size=256, hidden_size=96, intermediate_size=256, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                      tie_word_embeddings=False)
+    data = _wikitext_bytes()
+
+    def build():
+        torch.manual_seed(0)
+        return LlamaForCausalLM(cfg)
+
+    out: dict = {}
+    model = build()
+    out["numel"] = sum(p.numel() for p in model.parameters())
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=3e-3, weight_decay=0.0)
+    losses, norms = [], []
+    for mbs in _llama_batches(data, 1, rank, steps, micro):
+        tot = 0.0
+        for i, ids in enumerate(mbs):
+            with (ddp.no_sync() if i < micro - 1 else contextlib.nullcontext()):
+                loss = ddp(input_ids=ids, labels=ids).loss / micro
+                loss.backward()
+            tot += loss.item()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)))
+        opt.step()
+        opt.zero_grad()
+        losses.append(tot)
+    out["ddp"] = {"losses": losses, "norms": norms, "params": _params(model)}
+
+    qg = QuanGradDDP(build(), optimizer_factory("adamw", lr=3e-3, weight_decay=0.0),
+                     config=QuanGradConfig(max_grad_norm=1.0, bucket_cap_mb=0.1, min_compress_bytes=0))
+    losses, reports = [], []
+    for mbs in _llama_batches(data, 1, rank, steps, micro):
+        tot = 0.0
+        for i, ids in enumerate(mbs):
+            with (qg.no_sync() if i < micro - 1 else contextlib.nullcontext()):
+                loss = qg(input_ids=ids, labels=ids).loss / micro
+                loss.backward()
+            tot += loss.item()
+        reports.append(qg.step())
+        losses.append(tot)
+    out["quangrad"] = {"losses": losses, "norms": [r.grad_norm for r in reports], "params": _params(qg.module),
+                       "buckets": len(qg.layout.buckets), "skipped": sum(r.skipped for r in reports),
+                       "report": str(qg.report)}
+    return out
+
+
+# ---- sessions: one spawn per world size runs everything the tests need ----------------------------------
+
+def session(rank: int, world: int, parts: tuple[str, ...]) -> dict:
+    fns = {"collectives": lambda: collectives(rank, world, SIZES if world == 2 else (1, 1031, 20011)),
+           "error_table": lambda: error_table(rank, world), "wrapper": lambda: wrapper(rank, world),
+           "ddp_hook": lambda: ddp_hook(rank, world), "llama": lambda: llama(rank, world)}
+    return {p: fns[p]() for p in parts}
