@@ -5,7 +5,8 @@ does not touch CUDA. The probe decides availability from files and environment v
 
 * ``triton`` importable (``importlib.util.find_spec``, which does not import it);
 * ``TRITON_INTERPRET=1``: available in *interpreter mode* (the real kernels run on CPU tensors
-  through Triton's interpreter; what CPU CI uses);
+  through Triton's interpreter; what CPU CI uses). In that mode the backend is registered as a
+  non-accelerator: it runs when named (``AGOQ_BACKEND=cuda``), never by auto-selection;
 * otherwise a CUDA build of torch (``torch.version.cuda``), a GPU visible by CUDA_VISIBLE_DEVICES and
   an NVIDIA device node (``/dev/nvidia0``, ``/dev/nvidia1`` ...). We do not call
   ``torch.cuda.is_available()`` here: it runs ``cuInit`` in this process (no torch context, but the
@@ -61,5 +62,9 @@ def _load():
 
 @hookimpl
 def agoq_backends() -> list[BackendInfo]:
-    return [BackendInfo(name="cuda", device_type="cuda", probe=probe, load=_load, accelerator=True,
-                        priority=10, install_hint=INSTALL_HINT)]
+    # Interpreter mode is a CPU test mode: the backend is used when named (AGOQ_BACKEND=cuda) but takes
+    # no part in auto-selection (accelerator=False), so exporting TRITON_INTERPRET=1 for a test run does
+    # not silently move every auto-selecting caller from the reference onto the (slow) interpreter.
+    interp = interpreter_requested()
+    return [BackendInfo(name="cuda", device_type="cpu" if interp else "cuda", probe=probe, load=_load,
+                        accelerator=not interp, priority=10, install_hint=INSTALL_HINT)]

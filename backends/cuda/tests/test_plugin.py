@@ -19,11 +19,24 @@ def _python(code: str, **env_overrides) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
 
 
-def test_entry_point_registers_cuda_from_its_distribution():
+def test_entry_point_registers_cuda_from_its_distribution(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    manager.reset()
     info = manager.registry().infos["cuda"]
     assert info.distribution == "agoq-cuda"
     assert info.device_type == "cuda" and info.accelerator is True
     assert "TRITON_INTERPRET" in info.install_hint
+
+
+def test_interpreter_mode_is_never_auto_selected(monkeypatch):
+    """TRITON_INTERPRET=1 makes cuda usable by name on CPU, but auto-selection stays on the reference."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    manager.reset()
+    info = manager.registry().infos["cuda"]
+    assert info.accelerator is False and info.device_type == "cpu"
+    assert manager.probe(info).ok
+    sel = manager.selection()
+    assert sel.name != "cuda"
 
 
 @pytest.mark.parametrize("interpret", [None, "1"])
