@@ -1,0 +1,309 @@
+"""Codec kernels against the memory-bandwidth limit and against what a user would otherwise run.
+
+One command on the lent H200 (a few minutes, about half of it torch.compile):
+
+    PYTHONPATH=.:backends/triton_common:backends/cuda python benchmarks/bench_codecs.py
+
+prints a table and writes ``$OUT/bench_codecs.json`` (or ``--json PATH``). ``--tiny`` runs the same code
+paths on tiny tensors through Triton's interpreter on CPU (timings meaningless; a smoke test).
+
+Per format and tensor size (64 MiB, 256 MiB, 1 GiB of bf16, i.e. 32M..512M elements):
+* quantize (bf16 -> codes + fp32 scales) and dequantize (-> bf16) of the agoq-cuda Triton kernels;
+* accumulate (QuanGrad: 8-bit buffer += bf16 gradient, in place) and reduce_requantize (sum of W = 4
+  ranks' chunks, requantized) for the gradient formats.
+Bandwidth = (bytes read + bytes written, each counted once) / median time (``triton.testing.do_bench``,
+L2 flushed between runs), shown as % of the device-to-device copy bandwidth measured in the same run.
+Baselines: the reference backend (pure torch, the oracle) on the same GPU, eager and under
+``torch.compile`` (what a user would write instead); the compiled baseline is measured at one size for a
+few formats (compiling every graph would take the whole run). Every kernel output is compared bit for bit
+with the eager reference output on the GPU ("exact").
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import sys
+import time
+
+SIZES_MIB = (64, 256, 1024)
+GRAD_FORMATS = ("fp8_e4m3", "fp8_e5m2", "int8")
+WORLD = 4
+
+
+def _parse(argv):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tiny", action="store_true", help="CPU smoke test through Triton's interpreter")
+    ap.add_argument("--sizes-mib", type=int, nargs="*", help=f"bf16 tensor sizes in MiB (default {SIZES_MIB})")
+    ap.add_argument("--formats", nargs="*", help="formats (default: all)")
+    ap.add_argument("--compile-formats", nargs="*", default=["int4", "fp8_e4m3"],
+                    help="formats whose reference is also timed under torch.compile (default int4 fp8_e4m3)")
+    ap.add_argument("--compile-size-mib", type=int, default=256)
+    ap.add_argument("--no-sweep", action="store_true", help="skip the launch-geometry sweep")
+    ap.add_argument("--deadline-s", type=float, default=330.0,
+                    help="stop starting new measurements after this many seconds (rows left are marked)")
+    ap.add_argument("--json", help="write the JSON here (default $OUT/bench_codecs.json if $OUT is set)")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = _parse(argv)
+    if args.tiny:
+        os.environ["TRITON_INTERPRET"] = "1"  # before any @triton.jit decorator runs
+    import torch
+    import triton
+    import triton.testing
+
+    from agoq_core.formats import reference as ref
+    from agoq_core.formats.spec import get_format, list_formats
+    from agoq_cuda import launch
+
+    t_start = time.time()
+    dev = torch.device("cpu" if args.tiny else "cuda")
+    sizes = args.sizes_mib or ([1] if args.tiny else list(SIZES_MIB))
+    fmts = args.formats or [s.name for s in list_formats()]
+    scale_div = 1024 if args.tiny else 1  # --tiny: "MiB" means KiB
+
+    def over_deadline() -> bool:
+        return time.time() - t_start > args.deadline_s
+
+    def bench(fn) -> float:
+        if args.tiny:
+            t0 = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t0) * 1e3
+        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+    def same(a, b) -> bool:
+        if a.dtype.is_floating_point:
+            iv = {4: torch.int32, 2: torch.int16}[a.element_size()]
+            na, nb = torch.isnan(a), torch.isnan(b)
+            return bool(torch.equal(na, nb) and torch.equal(a.view(iv)[~na], b.view(iv)[~nb]))
+        return bool(torch.equal(a, b))
+
+    gen = torch.Generator(device=dev).manual_seed(0)
+
+    def randn(n, dtype=torch.bfloat16):
+        return torch.randn(n, generator=gen, device=dev, dtype=torch.float32).to(dtype)
+
+    # ---- the ceiling: device-to-device copy of the largest size -------------------------------------------
+    n_copy = max(sizes) * (1 << 20) // 2 // scale_div
+    src = randn(n_copy)
+    dst = torch.empty_like(src)
+    t_copy = bench(lambda: dst.copy_(src))
+    copy_gbs = 2 * src.numel() * 2 / (t_copy * 1e-3) / 1e9
+    del src, dst
+    print(f"device-to-device copy of {max(sizes)} MiB: {t_copy * 1e3:.1f} us = {copy_gbs:.0f} GB/s (read + write)")
+
+    rows: list[dict] = []
+
+    def record(op, fmt, mib, nbytes, kernel_ms, eager_ms, exact, **extra):
+        gbs = nbytes / (kernel_ms * 1e-3) / 1e9
+        row = {"op": op, "fmt": fmt, "size_mib": mib, "bytes": nbytes, "kernel_us": kernel_ms * 1e3, "gb_s": gbs,
+               "pct_copy": 100 * gbs / copy_gbs, "eager_us": None if eager_ms is None else eager_ms * 1e3,
+               "speedup_vs_eager": None if eager_ms is None else eager_ms / kernel_ms, "compile_us": None,
+               "speedup_vs_compile": None, "exact": exact, **extra}
+        rows.append(row)
+        return row
+
+    skipped: list[str] = []
+    errors: list[str] = []
+
+    def guarded(what, fn):
+        # one failing kernel must not cost the rest of a GPU run: record it and go on
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001
+            errors.append(f"{what}: {type(exc).__name__}: {str(exc)[:300]}")
+            print(f"ERROR {errors[-1]}", flush=True)
+    # ---- quantize / dequantize ----------------------------------------------------------------------------
+    for mib in sizes:
+        n = mib * (1 << 20) // 2 // scale_div
+        x = randn(n)
+        for fmt in fmts:
+            if over_deadline():
+                skipped.append(f"quantize/dequantize {fmt} {mib} MiB")
+                continue
+
+            def qd(fmt=fmt, n=n, mib=mib, x=x):
+                spec = get_format(fmt)
+                cb, nb = spec.code_bytes(n), spec.num_blocks(n)
+                codes = torch.empty(cb, dtype=torch.uint8, device=dev)
+                scales = torch.empty(nb, dtype=torch.float32, device=dev)
+                tk = bench(lambda: launch.quantize(x, spec, codes, scales))
+                rc, rs = ref.quantize_blocks(x, spec)
+                exact = same(codes, rc) and same(scales, rs)
+                te = bench(lambda: ref.quantize_blocks(x, spec))
+                del rc, rs
+                record("quantize", fmt, mib, 2 * n + cb + 4 * nb, tk, te, exact)
+                out = torch.empty(n, dtype=torch.bfloat16, device=dev)
+                tk = bench(lambda: launch.dequantize(codes, scales, spec, out))
+                exact = same(out, ref.dequantize_blocks(codes, scales, spec, n, torch.bfloat16))
+                te = bench(lambda: ref.dequantize_blocks(codes, scales, spec, n, torch.bfloat16))
+                record("dequantize", fmt, mib, cb + 4 * nb + 2 * n, tk, te, exact)
+                del out, codes, scales
+
+            guarded(f"quantize/dequantize {fmt} {mib} MiB", qd)
+        del x
+
+    # ---- QuanGrad: accumulate (in place) and the reduce step of the all-reduce -----------------------------
+    for mib in sizes:
+        n = mib * (1 << 20) // 2 // scale_div
+        for fmt in [f for f in GRAD_FORMATS if f in fmts]:
+            if over_deadline():
+                skipped.append(f"accumulate/reduce {fmt} {mib} MiB")
+                continue
+
+            def ar(fmt=fmt, n=n, mib=mib):
+                spec = get_format(fmt)
+                cb, nb = spec.code_bytes(n), spec.num_blocks(n)
+                g = randn(n) * 1e-3
+                codes0, scales0 = ref.quantize_blocks(randn(n) * 1e-2, spec)
+                codes, scales = codes0.clone(), scales0.clone()
+                launch.accumulate(codes, scales, spec, g)
+                wc, ws = ref.accumulate(codes0, scales0, spec, n, g)
+                exact = same(codes, wc) and same(scales, ws)
+                del wc, ws
+                tk = bench(lambda: launch.accumulate(codes, scales, spec, g))  # state drifts; the work does not
+                te = bench(lambda: ref.accumulate(codes0, scales0, spec, n, g))
+                record("accumulate", fmt, mib, 2 * (cb + 4 * nb) + 2 * n, tk, te, exact)
+                del codes, scales, codes0, scales0, g
+                # each rank reduces 1/W of the buffer, receiving that chunk from all W ranks
+                nc = n // WORLD // spec.block * spec.block
+                ccb, cnb = spec.code_bytes(nc), spec.num_blocks(nc)
+                parts = [ref.quantize_blocks(randn(nc) * 1e-3, spec) for _ in range(WORLD)]
+                cin = torch.stack([c for c, _ in parts])
+                sin = torch.stack([s for _, s in parts])
+                del parts
+                cout = torch.empty(ccb, dtype=torch.uint8, device=dev)
+                sout = torch.empty(cnb, dtype=torch.float32, device=dev)
+                tk = bench(lambda: launch.reduce_requantize(cin, sin, spec, nc, cout, sout))
+                wc, ws = ref.reduce_requantize(cin, sin, spec, nc)
+                exact = same(cout, wc) and same(sout, ws)
+                te = bench(lambda: ref.reduce_requantize(cin, sin, spec, nc))
+                record("reduce_requantize", fmt, mib, (WORLD + 1) * (ccb + 4 * cnb), tk, te, exact, world=WORLD)
+                del cin, sin, cout, sout, wc, ws
+
+            guarded(f"accumulate/reduce {fmt} {mib} MiB", ar)
+
+    # ---- launch-geometry sweep (informs the launcher's defaults) -------------------------------------------
+    sweep: list[dict] = []
+    if not args.no_sweep and not args.tiny:
+        mib = 256 if 256 in sizes else sizes[0]
+        n = mib * (1 << 20) // 2
+        x = randn(n)
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        for fmt in ("int4", "int5", "fp8_e4m3"):
+            if fmt not in fmts:
+                continue
+            spec = get_format(fmt)
+            bp = triton.next_power_of_2(spec.block)
+            codes = torch.empty(spec.code_bytes(n), dtype=torch.uint8, device=dev)
+            scales = torch.empty(spec.num_blocks(n), dtype=torch.float32, device=dev)
+            out = torch.empty(n, dtype=torch.bfloat16, device=dev)
+            for lanes in (2048, 4096, 8192):
+                for per_sm in (8, None):
+                    if over_deadline():
+                        break
+                    r = max(1, lanes // bp)
+                    p = 1 << 30 if per_sm is None else per_sm * sms
+
+                    def one(r=r, p=p, per_sm=per_sm, spec=spec, codes=codes, scales=scales, out=out, fmt=fmt):
+                        tq = bench(lambda: launch.quantize(x, spec, codes, scales, rows=r, programs=p))
+                        td = bench(lambda: launch.dequantize(codes, scales, spec, out, rows=r, programs=p))
+                        sweep.append({"fmt": fmt, "size_mib": mib, "tile_lanes": r * bp, "programs_per_sm": per_sm,
+                                      "quantize_us": tq * 1e3, "dequantize_us": td * 1e3})
+
+                    guarded(f"sweep {fmt} rows={r} programs={p}", one)
+            del codes, scales, out
+        del x
+
+    # ---- torch.compile of the reference (one size, a few formats; compiling is slow) ----------------------
+    compile_info: list[dict] = []
+    cmib = args.compile_size_mib if not args.tiny else sizes[0]
+    for fmt in args.compile_formats or []:
+        if fmt not in fmts:
+            continue
+        spec = get_format(fmt)
+        n = cmib * (1 << 20) // 2 // scale_div
+        x = randn(n)
+        ops = [("quantize", lambda x=x, spec=spec: ref.quantize_blocks(x, spec))]
+        cq, sq = ref.quantize_blocks(x, spec)
+        ops.append(("dequantize", lambda cq=cq, sq=sq, spec=spec, n=n: ref.dequantize_blocks(cq, sq, spec, n,
+                                                                                             torch.bfloat16)))
+        if fmt in GRAD_FORMATS:
+            g = randn(n) * 1e-3
+            ops.append(("accumulate", lambda cq=cq, sq=sq, spec=spec, n=n, g=g: ref.accumulate(cq, sq, spec, n, g)))
+        for op, fn in ops:
+            if over_deadline():
+                skipped.append(f"torch.compile {op} {fmt}")
+                continue
+
+            def comp(op=op, fn=fn, fmt=fmt):
+                torch._dynamo.reset()
+                cfn = torch.compile(fn, dynamic=False)
+                t0 = time.time()
+                got = cfn()
+                compile_s = time.time() - t0
+                want = fn()
+                got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
+                c_exact = all(same(a, b) for a, b in zip(got, want))
+                tc = bench(cfn)
+                compile_info.append({"op": op, "fmt": fmt, "size_mib": cmib, "compile_s": compile_s,
+                                     "compiled_us": tc * 1e3, "compiled_matches_eager": c_exact})
+                for r in rows:
+                    if r["op"] == op and r["fmt"] == fmt and r["size_mib"] == cmib:
+                        r["compile_us"] = tc * 1e3
+                        r["speedup_vs_compile"] = tc / (r["kernel_us"] * 1e-3)
+                del got, want
+
+            guarded(f"torch.compile {op} {fmt}", comp)
+        del x
+
+    # ---- report -----------------------------------------------------------------------------------------
+    def fmt_opt(v, spec):
+        return "-" if v is None else format(v, spec)
+
+    header = (f"{'op':<18}{'format':<10}{'MiB':>6}{'kernel us':>11}{'GB/s':>8}{'% copy':>8}{'eager us':>11}"
+              f"{'x eager':>9}{'compile us':>12}{'x compile':>10}  exact")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(f"{r['op']:<18}{r['fmt']:<10}{r['size_mib']:>6}{r['kernel_us']:>11.1f}{r['gb_s']:>8.0f}"
+              f"{r['pct_copy']:>7.1f}%{fmt_opt(r['eager_us'], '11.1f'):>11}"
+              f"{fmt_opt(r['speedup_vs_eager'], '8.1f'):>8}x{fmt_opt(r['compile_us'], '12.1f'):>12}"
+              f"{fmt_opt(r['speedup_vs_compile'], '9.2f'):>9}x  {'yes' if r['exact'] else 'NO'}")
+    for c in compile_info:
+        print(f"torch.compile {c['op']} {c['fmt']}: compiled in {c['compile_s']:.1f} s, "
+              f"{c['compiled_us']:.1f} us, matches eager: {c['compiled_matches_eager']}")
+    if sweep:
+        print("geometry sweep (us): fmt lanes programs/SM -> quantize dequantize")
+        for s in sweep:
+            print(f"  {s['fmt']:<9}{s['tile_lanes']:>6}{str(s['programs_per_sm']):>6} -> "
+                  f"{s['quantize_us']:9.1f}{s['dequantize_us']:9.1f}")
+    for s in skipped:
+        print(f"not run (deadline {args.deadline_s:.0f} s): {s}")
+    for e in errors:
+        print(f"ERROR {e}")
+
+    env = {"date": _dt.date.today().isoformat(), "python": platform.python_version(), "torch": torch.__version__,
+           "triton": triton.__version__, "device": str(dev), "command": " ".join([sys.executable] + sys.argv)}
+    if dev.type == "cuda":
+        p = torch.cuda.get_device_properties(dev)
+        env.update(gpu=p.name, sms=p.multi_processor_count, memory_gib=round(p.total_memory / 2**30, 1))
+    result = {"env": env, "copy": {"size_mib": max(sizes), "us": t_copy * 1e3, "gb_s": copy_gbs}, "rows": rows,
+              "compile": compile_info, "sweep": sweep, "skipped": skipped,
+              "errors": errors, "all_exact": bool(rows) and all(r["exact"] for r in rows) and not errors, "seconds": time.time() - t_start}
+    path = args.json or (os.path.join(os.environ["OUT"], "bench_codecs.json") if os.environ.get("OUT") else None)
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {path}")
+    print(f"all kernel outputs bit-exact with the reference: {result['all_exact']}  ({result['seconds']:.0f} s)")
+    return result
+
+
+if __name__ == "__main__":
+    main()
