@@ -21,7 +21,7 @@ from agoq_core.train.config import TrainConfig
 from agoq_core.train.data import load_corpus
 from agoq_core.train.loop import TRAIN_LOSS_WINDOW, ArmResult, train_arm
 from agoq_core.train.report import compare_arms, render_table
-from agoq_core.train.runtime import Runtime, free_port, init_runtime, shutdown, under_torchrun
+from agoq_core.train.runtime import Runtime, free_port, init_runtime, resolve_device, shutdown, under_torchrun
 
 __all__ = ["run", "TrainError", "VAL_LOSS_TOLERANCE"]
 
@@ -46,6 +46,8 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
                              "leave --nproc out under torchrun")
         cfg = cfg.replace(nproc=world)
         return _worker(int(os.environ["RANK"]), world, cfg, None)
+    # Fail here, before spawning, if the device cannot host every process (the error names the fix).
+    resolve_device(cfg.device, cfg.nproc - 1)
     run_dir = _new_run_dir(cfg)
     if cfg.nproc == 1:
         return _worker(0, 1, cfg, str(run_dir))
