@@ -1,0 +1,331 @@
+"""LAAQ's autograd functions: store inputs (4-bit by default), recompute everything else in backward.
+
+Written once, device-neutral; codecs come from the selected backend (agoq_core.laaq.storage), GEMMs
+next to a codec go through agoq_core.laaq.fusion so fused kernels can replace them later.
+
+* :class:`NormFunction` — a norm that keeps only its (quantized) input. Its output carries a
+  :class:`NormSource` (attribute ``_agoq_src``) that tells the GEMMs reading it how to rebuild it.
+* :class:`RecomputedInputLinear` — a Linear whose input is a norm output: it keeps nothing of its
+  input; its weight gradient asks the NormSource, which recomputes the norm output once for all the
+  GEMMs that read it (Q, K and V share one recomputation) and frees it after the norm's backward.
+* :class:`SavedInputLinear` — a Linear that keeps its own input (the attention out-projection).
+* :class:`SwiGLUFunction` — gate/up GEMMs, SiLU&Mul and the down GEMM in one function that keeps
+  only the (quantized) gate/up outputs and recomputes the SwiGLU output in backward.
+
+Nothing dropped is held anywhere: ctx holds the Stored inputs, the weights and a NormSource (which
+holds a Stored input and, only during backward, the recomputation).
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from agoq_core.formats.spec import FormatSpec
+from agoq_core.laaq import fusion, storage
+from agoq_core.laaq.storage import Stored
+
+__all__ = [
+    "NormSource",
+    "NormFunction",
+    "RecomputedInputLinear",
+    "SavedInputLinear",
+    "SwiGLUFunction",
+    "find_source",
+]
+
+SRC_ATTR = "_agoq_src"
+
+# Nodes that only re-view their input's storage (walked to find the op that produced a tensor).
+_VIEW_NODES = frozenset({"ViewBackward0", "TransposeBackward0", "PermuteBackward0", "UnsafeViewBackward0",
+                         "ReshapeAliasBackward0", "AsStridedBackward0", "SliceBackward0", "AliasBackward0",
+                         "SqueezeBackward0", "SqueezeBackward1", "UnsqueezeBackward0"})
+
+
+def graph_kept() -> bool:
+    """True while running a backward with retain_graph=True (then nothing may be freed early)."""
+    fn = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    return True if fn is None else bool(fn())
+
+
+def kept_by_producer(x: torch.Tensor, max_hops: int = 6) -> bool:
+    """Whether the op that produced ``x`` (looking through views) saved its own output, sharing x's
+    storage. Then keeping ``x`` by reference costs no byte: HF's SDPA path hands the out-projection
+    a view of the attention output, which the flash/efficient/cuDNN/CPU-flash kernels all keep.
+    Only ``_saved_output``/``_saved_result`` are read (reading a saved tensor runs unpack hooks)."""
+    fn = x.grad_fn
+    key = x.untyped_storage()._cdata
+    for _ in range(max_hops):
+        if fn is None:
+            return False
+        if type(fn).__name__ not in _VIEW_NODES:
+            for name in ("_saved_output", "_saved_result"):
+                t = getattr(fn, name, None)
+                if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata == key:
+                    return True
+            return False
+        fn = fn.next_functions[0][0] if fn.next_functions else None
+    return False
+
+
+class NormSource:
+    """A converted norm's kept input and the recipe to rebuild its output (and its graph) in backward.
+
+    Consumers register in forward. In backward the first one that needs the output triggers one
+    recomputation, under autograd, from the dequantized input; the others reuse it; the norm's own
+    backward differentiates that same graph and then frees it.
+    """
+
+    __slots__ = ("norm_fn", "spec", "layer", "backend", "stored", "out_meta", "consumers", "pending",
+                 "norm_in_graph", "_x", "_y", "recomputations")
+
+    def __init__(self, norm_fn: Callable[[torch.Tensor], torch.Tensor], spec: FormatSpec | None,
+                 layer: int | None, backend: str | None) -> None:
+        self.norm_fn = norm_fn
+        self.spec = spec
+        self.layer = layer
+        self.backend = backend
+        self.stored: Stored | None = None
+        self.out_meta: tuple[torch.Size, tuple[int, ...], int] | None = None
+        self.consumers = 0            # GEMMs that read the output (registered in forward)
+        self.pending = 0              # of those, not yet done in this backward pass
+        self.norm_in_graph = False    # the norm's own backward will run (and free the cache)
+        self._x: torch.Tensor | None = None
+        self._y: torch.Tensor | None = None
+        self.recomputations = 0       # how many times the output was rebuilt (tests: once per pass)
+
+    def keep_input(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.stored = storage.store(x, self.spec, role="norm_input", layer=self.layer, backend=self.backend)
+        self.out_meta = (y.shape, y.stride(), y.storage_offset())
+
+    def add_consumer(self) -> None:
+        self.consumers += 1
+        self.pending += 1
+
+    def _recompute(self, need_graph: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._y is None:
+            if self.stored is None:
+                raise RuntimeError("LAAQ: a norm output is needed in backward but its input was not kept "
+                                   "(the forward ran with autograd disabled)")
+            x = storage.load(self.stored, None, self.backend).detach()
+            with torch.enable_grad():
+                x.requires_grad_(need_graph)
+                y = self.norm_fn(x)
+            shape, stride, offset = self.out_meta
+            if y.shape != shape or y.stride() != stride or y.storage_offset() != offset:
+                raise RuntimeError(f"LAAQ: the recomputed norm output has layout {tuple(y.shape)}/{y.stride()} "
+                                   f"but forward produced {tuple(shape)}/{stride}; the norm is not deterministic "
+                                   "in layout and cannot be converted")
+            self._x, self._y = x, y
+            self.recomputations += 1
+        return self._x, self._y
+
+    def output(self, like: torch.Tensor | None = None) -> torch.Tensor:
+        """The recomputed norm output (detached); ``like`` = the consumer's input if it was a view."""
+        _, y = self._recompute(self.norm_in_graph)
+        y = y.detach()
+        if like is not None and (like.shape != y.shape or like.stride() != y.stride()
+                                 or like.storage_offset() != y.storage_offset()):
+            y = y.as_strided(like.shape, like.stride(), like.storage_offset())
+        return y
+
+    def consumer_done(self) -> None:
+        self.pending -= 1
+        if self.pending <= 0 and not self.norm_in_graph:
+            self.release()
+
+    def release(self) -> None:
+        """Drop the recomputation; and the kept input too, unless the graph is retained."""
+        self._x = self._y = None
+        self.pending = self.consumers
+        if not graph_kept():
+            self.stored = None
+
+
+def find_source(t: torch.Tensor) -> tuple[NormSource | None, tuple | None]:
+    """The NormSource that produced ``t`` (or the tensor ``t`` is a view of), and the view's layout."""
+    src = getattr(t, SRC_ATTR, None)
+    if src is not None:
+        return src, None
+    base = t._base
+    if base is not None:
+        src = getattr(base, SRC_ATTR, None)
+        if src is not None:
+            return src, (t.shape, t.stride(), t.storage_offset())
+    return None, None
+
+
+class _Like:
+    """Layout of a consumer's input when it is a view of the norm output (for as_strided)."""
+
+    __slots__ = ("shape", "_stride", "_offset")
+
+    def __init__(self, meta: tuple) -> None:
+        self.shape, self._stride, self._offset = meta
+
+    def stride(self):
+        return self._stride
+
+    def storage_offset(self):
+        return self._offset
+
+
+def _bias_grad(grad_out: torch.Tensor) -> torch.Tensor:
+    return grad_out.reshape(-1, grad_out.shape[-1]).sum(0)
+
+
+class NormFunction(torch.autograd.Function):
+    """y = norm_fn(x), keeping only ``x`` (in ``src.spec``); params are the norm's parameters."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, src: NormSource, *params: torch.Tensor) -> torch.Tensor:
+        y = src.norm_fn(x)
+        src.keep_input(x, y)
+        ctx.src = src
+        ctx.n_params = len(params)
+        ctx.params = params  # parameters, not activations: needed as autograd.grad inputs
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y: torch.Tensor):
+        src: NormSource = ctx.src
+        x, y = src._recompute(True)
+        wanted: list[torch.Tensor] = []
+        if ctx.needs_input_grad[0]:
+            wanted.append(x)
+        pmask = ctx.needs_input_grad[2:]
+        wanted += [p for p, need in zip(ctx.params, pmask) if need]
+        grads = list(torch.autograd.grad(y, wanted, grad_y)) if wanted else []
+        del x, y
+        src.release()
+        dx = grads.pop(0) if ctx.needs_input_grad[0] else None
+        dparams = [grads.pop(0) if need else None for need in pmask]
+        return (dx, None, *dparams)
+
+
+def norm_apply(x: torch.Tensor, src: NormSource, params: Sequence[torch.Tensor]) -> torch.Tensor:
+    y = NormFunction.apply(x, src, *params)
+    src.norm_in_graph = y.requires_grad
+    setattr(y, SRC_ATTR, src)
+    return y
+
+
+class RecomputedInputLinear(torch.autograd.Function):
+    """out = F.linear(y, W, b) where y (or a view of it) is a converted norm's output."""
+
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, src: NormSource,
+                view: tuple | None) -> torch.Tensor:
+        out = F.linear(y, weight, bias)
+        src.add_consumer()
+        ctx.src, ctx.view = src, view
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(weight)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        (weight,) = ctx.saved_tensors
+        src: NormSource = ctx.src
+        dy = fusion.input_grad(grad_out, weight) if ctx.needs_input_grad[0] else None
+        dw = None
+        if ctx.needs_input_grad[1]:
+            y = src.output(_Like(ctx.view) if ctx.view is not None else None)
+            dw = fusion.weight_grad(grad_out, y)
+            del y
+        db = _bias_grad(grad_out) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        src.consumer_done()
+        return dy, dw, db, None, None
+
+
+class SavedInputLinear(torch.autograd.Function):
+    """out = F.linear(x, W, b), keeping ``x`` in ``spec`` (only if W needs a gradient), or by
+    reference when ``alias_ok`` and the op that produced ``x`` keeps it anyway."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                spec: FormatSpec | None, role: str, layer: int | None, backend: str | None,
+                alias: bool) -> torch.Tensor:
+        out = F.linear(x, weight, bias)
+        ctx.stored = (storage.store(x, None if alias else spec, role=role, layer=layer, backend=backend)
+                      if ctx.needs_input_grad[1] else None)
+        ctx.backend = backend
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(weight)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        (weight,) = ctx.saved_tensors
+        dx = fusion.input_grad(grad_out, weight) if ctx.needs_input_grad[0] else None
+        dw = fusion.weight_grad(grad_out, ctx.stored, backend=ctx.backend) if ctx.needs_input_grad[1] else None
+        db = _bias_grad(grad_out) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        if not graph_kept():
+            ctx.stored = None
+        return dx, dw, db, None, None, None, None, None
+
+
+class SwiGLUFunction(torch.autograd.Function):
+    """down(act(gate(x)) * up(x)) keeping only gate(x) and up(x) (role mlp_act_input).
+
+    ``x`` is rebuilt from ``src`` (a converted norm) when given, else kept in ``x_spec``
+    (role linear_input). ``act`` is the model's own activation module, re-run under autograd in
+    backward so its derivative is exactly PyTorch's.
+    """
+
+    @staticmethod
+    def forward(ctx, x, w_gate, w_up, w_down, b_gate, b_up, b_down, src: NormSource | None, view,
+                act: Callable, act_spec: FormatSpec | None, x_spec: FormatSpec | None, layer: int | None,
+                backend: str | None):
+        g, ctx.g = fusion.linear_and_quantize(x, w_gate, b_gate, act_spec, role="mlp_act_input", layer=layer,
+                                              backend=backend)
+        u, ctx.u = fusion.linear_and_quantize(x, w_up, b_up, act_spec, role="mlp_act_input", layer=layer,
+                                              backend=backend)
+        h = act(g) * u
+        del g, u
+        out = F.linear(h, w_down, b_down)
+        if src is not None:
+            src.add_consumer()
+            ctx.x = None
+        else:
+            needs_x = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
+            ctx.x = storage.store(x, x_spec, role="linear_input", layer=layer, backend=backend) if needs_x else None
+        ctx.src, ctx.view, ctx.act, ctx.backend = src, view, act, backend
+        ctx.biases = (b_gate is not None, b_up is not None, b_down is not None)
+        ctx.save_for_backward(w_gate, w_up, w_down)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        w_gate, w_up, w_down = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        dtype = grad_out.dtype
+        g = fusion.dequantize_for_gemm(ctx.g, None, ctx.backend).detach()
+        u = fusion.dequantize_for_gemm(ctx.u, None, ctx.backend).detach()
+        with torch.enable_grad():
+            g.requires_grad_(True)
+            u.requires_grad_(True)
+            h = ctx.act(g) * u
+        dw_down = fusion.weight_grad(grad_out, h.detach()) if need[3] else None
+        db_down = _bias_grad(grad_out) if ctx.biases[2] and need[6] else None
+        dh = fusion.input_grad(grad_out, w_down)
+        dg, du = torch.autograd.grad(h, (g, u), dh)
+        del h, g, u, dh
+        dw_gate = dw_up = None
+        if need[1] or need[2]:
+            if ctx.src is not None:
+                x = ctx.src.output(_Like(ctx.view) if ctx.view is not None else None)
+            else:
+                x = fusion.dequantize_for_gemm(ctx.x, dtype, ctx.backend)
+            dw_gate = fusion.weight_grad(dg, x) if need[1] else None
+            dw_up = fusion.weight_grad(du, x) if need[2] else None
+            del x
+        db_gate = _bias_grad(dg) if ctx.biases[0] and need[4] else None
+        db_up = _bias_grad(du) if ctx.biases[1] and need[5] else None
+        dx = fusion.input_grad(dg, w_gate) + fusion.input_grad(du, w_up) if need[0] else None
+        if ctx.src is not None:
+            ctx.src.consumer_done()
+        if not graph_kept():
+            ctx.g = ctx.u = ctx.x = None
+        return (dx, dw_gate, dw_up, dw_down, db_gate, db_up, db_down) + (None,) * 7

@@ -1,0 +1,288 @@
+"""Measure the bytes autograd keeps for backward, per decoder layer and per part, from live tensors.
+
+Two channels see everything that is kept:
+
+* ``torch.autograd.graph.saved_tensors_hooks``: every tensor an autograd node saves (PyTorch's own
+  ops and the plain model), attributed to the innermost module being run (a part of a layer);
+* LAAQ's own storage listener: every tensor LAAQ keeps (QuantizedTensor codes and scales, or native
+  tensors) with its role.
+
+Bytes are counted per unique storage (a tensor saved by Q, K and V projections counts once; a view
+counts its whole storage), parameters are excluded, and only storages still alive when the result
+is read count (a tensor saved by a branch that was freed in forward is not kept for backward).
+Nothing is computed from shapes: on the ``meta`` device the storages are real objects with real
+sizes and no data, which makes measuring full-size models cheap.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+import torch
+import torch.nn as nn
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from agoq_core.laaq import storage
+from agoq_core.laaq.config import LAAQConfig
+from agoq_core.laaq.families import FAMILIES, LayerFamily
+
+__all__ = ["PARTS", "SavedBytes", "SavedBytesMeter", "measure_saved_bytes"]
+
+#: Parts of a decoder layer, in forward order. LAAQ roles land in: norm_input -> norm,
+#: attention_core -> attn_core, attn_out_input -> o_in, mlp_act_input -> act.
+PARTS: tuple[str, ...] = ("norm", "qkv_in", "attn_core", "o_in", "mlp_in", "act", "down_in", "other")
+_PART_DOC = {
+    "norm": "both RMSNorms (plain: fp32 input copy + normalized; LAAQ: the kept input)",
+    "qkv_in": "input of the Q/K/V GEMMs (the RMSNorm output)",
+    "attn_core": "Q, K, V, softmax state, output, RoPE tables",
+    "o_in": "input of the attention out-projection",
+    "mlp_in": "input of the gate/up GEMMs (the RMSNorm output)",
+    "act": "SiLU&Mul: gate/up outputs and SiLU output",
+    "down_in": "input of the down GEMM (the SwiGLU output)",
+    "other": "anything else inside the layer",
+}
+_ROLE_PART = {"norm_input": "norm", "attention_core": "attn_core", "attn_out_input": "o_in",
+              "mlp_act_input": "act"}
+_OUTSIDE = ("embed", "norm", "head", "other")
+
+
+@dataclass
+class SavedBytes:
+    """Bytes kept for backward: ``per_layer[layer][part]`` and ``outside[part]`` (embedding, final
+    norm, LM head, loss)."""
+
+    per_layer: dict[int, dict[str, int]] = field(default_factory=dict)
+    outside: dict[str, int] = field(default_factory=dict)
+    label: str = ""
+
+    def layer_total(self, layer: int) -> int:
+        return sum(self.per_layer[layer].values())
+
+    @property
+    def layers_total(self) -> int:
+        return sum(self.layer_total(i) for i in self.per_layer)
+
+    @property
+    def total(self) -> int:
+        return self.layers_total + sum(self.outside.values())
+
+    def mean_layer(self) -> dict[str, float]:
+        """Average bytes per layer and part (what one more layer would add)."""
+        n = max(1, len(self.per_layer))
+        return {p: sum(d.get(p, 0) for d in self.per_layer.values()) / n for p in PARTS}
+
+    def to_dict(self) -> dict:
+        return {"label": self.label, "per_layer": {str(k): v for k, v in sorted(self.per_layer.items())},
+                "outside": dict(self.outside), "layers_total": self.layers_total, "total": self.total}
+
+    def table(self, other: "SavedBytes | None" = None, unit: int = 1 << 20) -> str:
+        """Per-layer table in MiB; with ``other`` (e.g. LAAQ), both side by side and their ratio."""
+        uname = {1: "B", 1 << 10: "KiB", 1 << 20: "MiB", 1 << 30: "GiB"}.get(unit, f"x{unit}B")
+        runs = [self] + ([other] if other is not None else [])
+        head = f"{'layer':>6} {'run':<10}" + "".join(f"{p:>10}" for p in PARTS) + f"{'total':>11}"
+        lines = [f"bytes kept for backward ({uname})", head]
+        for layer in sorted(set().union(*(r.per_layer for r in runs))):
+            for r in runs:
+                d = r.per_layer.get(layer, {})
+                lines.append(f"{layer:>6} {r.label[:10]:<10}" + "".join(f"{d.get(p, 0) / unit:>10.3f}" for p in PARTS)
+                             + f"{sum(d.values()) / unit:>11.3f}")
+        for r in runs:
+            lines.append(f"{'rest':>6} {r.label[:10]:<10} " + ", ".join(
+                f"{k}={v / unit:.3f}" for k, v in sorted(r.outside.items())) + f"  (total {r.total / unit:.3f})")
+        if other is not None and self.layers_total:
+            lines.append(f"decoder layers: {other.label} keeps {other.layers_total / self.layers_total:.1%} of "
+                         f"{self.label} ({other.layers_total / unit:.3f} vs {self.layers_total / unit:.3f} {uname}); "
+                         f"whole model {other.total / max(1, self.total):.1%}")
+        return "\n".join(lines)
+
+
+def _skey(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+class SavedBytesMeter:
+    """Context manager: while active, records what autograd keeps in ``model``; read ``result()``
+    after the forward (before backward frees it)."""
+
+    def __init__(self, model: nn.Module, *, families: Iterable[LayerFamily] | None = None, label: str = "") -> None:
+        self.model = model
+        self.label = label
+        rows = list(families) if families is not None else list(FAMILIES.values())
+        self._by_class = {c: r for r in rows for c in r.layer_classes}
+        self._entries: dict[int, tuple[int | None, str, int, StorageWeakRef]] = {}
+        self._scope: list[tuple[int | None, str]] = []
+        self._handles: list[Any] = []
+        self._param_keys: set[int] = set()
+        self._hooks: Any = None
+
+    # ---- scopes -------------------------------------------------------------------------------------
+    def _watch(self, m: Any, layer: int | None, part: str) -> None:
+        if not isinstance(m, nn.Module):
+            return
+        scope = (layer, part)
+        self._handles.append(m.register_forward_pre_hook(lambda *_: self._scope.append(scope)))
+        self._handles.append(m.register_forward_hook(lambda *_: self._pop(), always_call=True))
+
+    def _pop(self) -> None:
+        if self._scope:
+            self._scope.pop()
+
+    def _install_scopes(self) -> None:
+        from agoq_core.laaq.integrate import _get, _layer_index  # same discovery as apply()
+
+        last_row = None
+        order = 0
+        for _, m in self.model.named_modules():
+            row = self._by_class.get(type(m).__name__)
+            if row is None:
+                continue
+            last_row = row
+            i = _layer_index(m, row, order)
+            order += 1
+            attn, mlp = _get(m, row.attention), _get(m, row.mlp)
+            self._watch(m, i, "other")
+            for name in (row.input_norm, row.post_norm):
+                self._watch(_get(m, name), i, "norm")
+            self._watch(attn, i, "attn_core")
+            if attn is not None:
+                for name in (row.q_proj, row.k_proj, row.v_proj):
+                    self._watch(_get(attn, name), i, "qkv_in")
+                self._watch(_get(attn, row.o_proj), i, "o_in")
+            self._watch(mlp, i, "act")
+            if mlp is not None:
+                for name in (row.gate_proj, row.up_proj):
+                    self._watch(_get(mlp, name), i, "mlp_in")
+                self._watch(_get(mlp, row.down_proj), i, "down_in")
+        if last_row is not None:
+            for p in last_row.final_norm:
+                if isinstance(_get(self.model, p), nn.Module):
+                    self._watch(_get(self.model, p), None, "norm")
+                    break
+            for p in last_row.lm_head:
+                if isinstance(_get(self.model, p), nn.Module):
+                    self._watch(_get(self.model, p), None, "head")
+                    break
+        emb = getattr(self.model, "get_input_embeddings", None)
+        if callable(emb) and isinstance(emb(), nn.Module):
+            self._watch(emb(), None, "embed")
+
+    # ---- recording ----------------------------------------------------------------------------------
+    def _record(self, t: torch.Tensor, layer: int | None, part: str) -> None:
+        if not isinstance(t, torch.Tensor) or t.is_nested:
+            return
+        try:
+            st = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # e.g. a tensor subclass without storage
+            return
+        key = st._cdata
+        if key in self._param_keys or key in self._entries:
+            return
+        self._entries[key] = (layer, part, st.nbytes(), StorageWeakRef(st))
+
+    def _where(self) -> tuple[int | None, str]:
+        return self._scope[-1] if self._scope else (None, "other")
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        layer, part = self._where()
+        self._record(t, layer, part)
+        return t
+
+    def _listen(self, role: str, layer: int | None, s: storage.Stored) -> None:
+        slayer, spart = self._where()
+        part = _ROLE_PART.get(role, spart)
+        for t in storage.stored_tensors(s):
+            self._record(t, slayer if self._scope else layer, part)
+
+    def __enter__(self) -> "SavedBytesMeter":
+        self._entries.clear()
+        self._param_keys = {_skey(p) for p in self.model.parameters()}
+        self._install_scopes()
+        storage.add_listener(self._listen)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._hooks.__exit__(*exc)
+        storage.remove_listener(self._listen)
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._scope.clear()
+
+    def result(self) -> SavedBytes:
+        """Bytes of the recorded storages that are still alive."""
+        out = SavedBytes(label=self.label)
+        for layer, part, nbytes, ref in self._entries.values():
+            if ref.expired():
+                continue
+            if layer is None:
+                key = part if part in _OUTSIDE else "other"
+                out.outside[key] = out.outside.get(key, 0) + nbytes
+            else:
+                d = out.per_layer.setdefault(layer, {p: 0 for p in PARTS})
+                d[part] = d.get(part, 0) + nbytes
+        return out
+
+
+def _build_model(cfg: Any, device: torch.device | str, dtype: torch.dtype) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype)
+    return model
+
+
+def measure_saved_bytes(model_or_config: Any, policy: "LAAQConfig | Mapping[str, str] | None" = None, *,
+                        batch: int = 1, seq: int = 512, input_ids: torch.Tensor | None = None,
+                        device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                        with_loss: bool = True, families: Iterable[LayerFamily] | None = None,
+                        label: str | None = None) -> SavedBytes:
+    """Run one forward (with the LM loss) and return the bytes kept for backward.
+
+    ``model_or_config``: a model (used as is, LAAQ applied temporarily if ``policy`` is given and the
+    model is not already converted) or a transformers config (a model is built on ``device``,
+    default ``"meta"``: sizes without data, so full-size configs cost nothing). ``policy``: None =
+    the model as it is; an LAAQConfig; or ``{role: format}`` for LAAQConfig(**mapping).
+    The planner uses ``.per_layer[i]`` or ``.mean_layer()`` for bytes per micro-batch per layer.
+    """
+    from agoq_core.laaq.integrate import _REPORT_ATTR, apply
+
+    if isinstance(policy, Mapping):
+        policy = LAAQConfig(**policy)
+    if policy is not None and not isinstance(policy, LAAQConfig):
+        raise TypeError(f"policy must be None, an LAAQConfig or a mapping role -> format, got {type(policy).__name__}")
+    if isinstance(model_or_config, nn.Module):
+        model = model_or_config
+    else:
+        if not hasattr(model_or_config, "model_type"):
+            raise TypeError(f"measure_saved_bytes takes an nn.Module or a transformers config, got "
+                            f"{type(model_or_config).__name__}")
+        model = _build_model(model_or_config, device or "meta", dtype or torch.bfloat16)
+    try:
+        p0 = next(model.parameters())
+    except StopIteration:
+        raise ValueError("measure_saved_bytes: the model has no parameters") from None
+    dev = p0.device
+    if input_ids is None:
+        if batch < 1 or seq < 1:
+            raise ValueError(f"batch and seq must be >= 1, got batch={batch}, seq={seq}")
+        vocab = getattr(getattr(model, "config", None), "vocab_size", 32)
+        g = torch.Generator().manual_seed(0)
+        input_ids = torch.randint(0, vocab, (batch, seq), generator=g).to(dev)
+    report = None
+    if policy is not None and _REPORT_ATTR not in model.__dict__:
+        report = apply(model, policy, families=families)
+    lbl = label if label is not None else ("LAAQ" if (policy is not None or _REPORT_ATTR in model.__dict__)
+                                           else "plain")
+    try:
+        meter = SavedBytesMeter(model, families=families, label=lbl)
+        with torch.enable_grad(), meter:
+            kwargs = {"labels": input_ids} if with_loss else {}
+            out = model(input_ids=input_ids, **kwargs)
+        res = meter.result()  # read while `out` (and so the graph) is alive
+        del out
+        return res
+    finally:
+        if report is not None:
+            report.undo()
