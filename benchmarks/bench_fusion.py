@@ -1,0 +1,243 @@
+"""Kernel fusion benchmark: fused GEMM+codec vs unfused (cuBLAS GEMM + our codec kernel) vs the plain GEMM.
+
+One command on the lent H200 (about 2-4 minutes, most of it Triton compiling and autotuning):
+
+    PYTHONPATH=.:backends/triton_common:backends/cuda python benchmarks/bench_fusion.py
+
+prints a table and writes ``$OUT/bench_fusion.json`` (or ``--json PATH``). On a CPU-only machine,
+``--tiny`` runs the same code paths on tiny shapes through Triton's interpreter (timings meaningless;
+it checks that the script works end to end).
+
+What is measured, per LLaMA layer shape and token count T (bf16, int4 block 128 = LAAQ's default):
+* ``fc1_epilogue`` — the gate (= up) projection y = x Wᵀ, x [T, hidden], W [inter, hidden], whose output
+  LAAQ keeps quantized (role mlp_act_input). plain: ``F.linear`` (cuBLAS). unfused: ``F.linear`` + the cuda
+  backend's quantize kernel on y. fused: gemm_quant_epilogue (y and Q(y) in one kernel).
+* ``oproj_dw_prologue`` — the attention out-projection weight gradient dW = dYᵀ · X, X [T, hidden] kept
+  quantized (role attn_out_input). plain: the GEMM on a bf16 X. unfused: the cuda backend's dequantize to
+  bf16 + the same GEMM LAAQ runs (``x.t().mm(dy).t()``). fused: gemm_dequant_prologue.
+* ``fc1_dw_prologue`` — gate/up weight gradient with X kept quantized (role linear_input: SwiGLU blocks not
+  fed by a converted norm), dW [inter, hidden].
+Each timing is the median of ``triton.testing.do_bench`` (L2 flushed between runs). Every fused result is
+also checked on the GPU: codes/scales bit-exact with the backend's own quantize kernel applied to the fused
+y, and the SQNR of the fused outputs against the unfused ones.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import sys
+import time
+
+SHAPES = {  # model: (hidden, intermediate)
+    "llama2-7b": (4096, 11008),
+    "llama3-8b": (4096, 14336),
+}
+TOKENS = (4096, 8192, 16384)
+TINY_SHAPES = {"tiny": (128, 384)}
+TINY_TOKENS = (64, 96)
+
+
+def _parse(argv):
+    ap = argparse.ArgumentParser(description="fused vs unfused vs plain GEMMs for LAAQ (kernel fusion)")
+    ap.add_argument("--tiny", action="store_true", help="CPU: tiny shapes in Triton's interpreter (smoke test)")
+    ap.add_argument("--tokens", type=int, nargs="*", help=f"token counts (default {TOKENS})")
+    ap.add_argument("--models", nargs="*", choices=sorted(SHAPES), help="model shapes (default all)")
+    ap.add_argument("--fmt", default="int4", help="activation format (default int4, LAAQ's default)")
+    ap.add_argument("--json", help="write the JSON here (default $OUT/bench_fusion.json if $OUT is set)")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = _parse(argv)
+    if args.tiny:
+        os.environ["TRITON_INTERPRET"] = "1"  # before any @triton.jit decorator runs
+    import torch
+    import torch.nn.functional as F
+
+    from agoq_core.formats.spec import get_format
+    from agoq_cuda.backend import CudaBackend
+    from agoq_cuda.fusion import launch
+    from agoq_cuda.fusion.tolerances import sqnr_db
+
+    be = CudaBackend.create()
+    dev = torch.device(be.device_type)
+    spec = get_format(args.fmt)
+    dtype = torch.bfloat16
+    shapes = TINY_SHAPES if args.tiny else {m: SHAPES[m] for m in (args.models or sorted(SHAPES))}
+    tokens = args.tokens or (TINY_TOKENS if args.tiny else TOKENS)
+
+    if args.tiny:
+        def bench(fn):
+            fn()
+            t0 = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t0) * 1e3
+    else:
+        import triton.testing
+
+        def bench(fn):
+            return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+    g = torch.Generator(device="cpu").manual_seed(0)
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(dtype).to(dev)
+
+    rows = []
+    for model, (hidden, inter) in shapes.items():
+        for t in tokens:
+            # ---- fc1 epilogue ---------------------------------------------------------------------------
+            x, w = randn(t, hidden), randn(inter, hidden, scale=hidden ** -0.5)
+            n = t * inter
+            y = torch.empty(t, inter, dtype=dtype, device=dev)
+            yf = torch.empty_like(y)
+            codes, scales = (torch.empty(spec.code_bytes(n), dtype=torch.uint8, device=dev),
+                             torch.empty(spec.num_blocks(n), dtype=torch.float32, device=dev))
+            codes_f, scales_f = torch.empty_like(codes), torch.empty_like(scales)
+
+            def plain():
+                torch.matmul(x, w.t(), out=y)
+
+            def unfused():
+                torch.matmul(x, w.t(), out=y)
+                be.quantize_into(y.view(-1), spec, codes, scales)
+
+            def codec_only():
+                be.quantize_into(y.view(-1), spec, codes, scales)
+
+            def fused():
+                launch.gemm_quant_epilogue_into(x, w, None, spec, yf, codes_f, scales_f)
+
+            fused()  # compile + autotune outside the timing
+            unfused()
+            be.synchronize(dev)
+            check = _check_epilogue(be, spec, yf, codes_f, scales_f, y, sqnr_db)
+            rows.append(_row(model, "fc1_epilogue", t, (t, inter, hidden), bench(plain), bench(unfused),
+                             bench(fused), bench(codec_only), check, launch, "epilogue"))
+            del x, w, y, yf, codes, scales, codes_f, scales_f
+
+            # ---- weight gradients with a quantized input ------------------------------------------------
+            for name, n_out in (("oproj_dw_prologue", hidden), ("fc1_dw_prologue", inter)):
+                dy, xin = randn(t, n_out), randn(t, hidden, scale=3.0)
+                m = t * hidden
+                qc, qs = (torch.empty(spec.code_bytes(m), dtype=torch.uint8, device=dev),
+                          torch.empty(spec.num_blocks(m), dtype=torch.float32, device=dev))
+                be.quantize_into(xin.view(-1), spec, qc, qs)
+                xd = torch.empty_like(xin)
+                dw = torch.empty(n_out, hidden, dtype=dtype, device=dev)
+                dwf = torch.empty_like(dw)
+
+                def plain_dw():
+                    torch.matmul(xin.t(), dy, out=dw.t())
+
+                def unfused_dw():
+                    be.dequantize_into(qc, qs, spec, xd.view(-1))
+                    torch.matmul(xd.t(), dy, out=dw.t())   # (xᵀ·dy)ᵀ: LAAQ's weight_grad GEMM
+
+                def codec_only_dw():
+                    be.dequantize_into(qc, qs, spec, xd.view(-1))
+
+                def fused_dw():
+                    launch.gemm_dequant_prologue_into(dy, qc, qs, spec, hidden, dwf)
+
+                fused_dw()
+                unfused_dw()
+                be.synchronize(dev)
+                check = {"sqnr_fused_vs_unfused_db": round(sqnr_db(dwf, dw), 2)}
+                rows.append(_row(model, name, t, (n_out, hidden, t), bench(plain_dw), bench(unfused_dw),
+                                 bench(fused_dw), bench(codec_only_dw), check, launch, "prologue"))
+                del dy, xin, qc, qs, xd, dw, dwf
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+
+    report = _report(rows, args, torch, be, dev)
+    _print(report)
+    path = args.json or (os.path.join(os.environ["OUT"], "bench_fusion.json") if os.environ.get("OUT") else None)
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(report, f, indent=1)
+        print(f"wrote {path}")
+    return report
+
+
+def _check_epilogue(be, spec, yf, codes_f, scales_f, y_unfused, sqnr_db) -> dict:
+    """On the device: the fused codes/scales equal the backend's own quantize kernel on the fused y."""
+    import torch
+
+    c2, s2 = torch.empty_like(codes_f), torch.empty_like(scales_f)
+    be.quantize_into(yf.view(-1), spec, c2, s2)
+    same_s = (s2.view(torch.int32) == scales_f.view(torch.int32)) | (torch.isnan(s2) & torch.isnan(scales_f))
+    return {"codes_bit_exact": bool(torch.equal(c2, codes_f)), "scales_bit_exact": bool(same_s.all()),
+            "y_equal_to_unfused_frac": float((yf == y_unfused).float().mean()),
+            "sqnr_fused_vs_unfused_db": round(sqnr_db(yf, y_unfused), 2)}
+
+
+def _row(model, kind, tokens, mnk, plain, unfused, fused, codec, check, launch, which) -> dict:
+    m, n, k = mnk
+    tuned = launch._tuned(which) if not launch.is_interpreted() else None
+    cfg = None
+    if tuned is not None and getattr(tuned, "best_config", None) is not None:
+        cfg = str(tuned.best_config)
+    return {"model": model, "gemm": kind, "tokens": tokens, "M": m, "N": n, "K": k,
+            "plain_ms": round(plain, 4), "unfused_ms": round(unfused, 4), "fused_ms": round(fused, 4),
+            "codec_ms": round(codec, 4),
+            "fused_tflops": round(2 * m * n * k / fused / 1e9, 1), "plain_tflops": round(2 * m * n * k / plain / 1e9, 1),
+            "speedup_vs_unfused": round(unfused / fused, 3), "fused_over_plain": round(fused / plain, 3),
+            "tile_config": cfg, **check}
+
+
+def _report(rows, args, torch, be, dev) -> dict:
+    import triton
+
+    def gmean(v):
+        import math
+        return round(math.exp(sum(math.log(x) for x in v) / len(v)), 3) if v else None
+
+    env = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+           "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+           "python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
+           "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (Triton interpreter)",
+           "backend": repr(be), "fmt": args.fmt, "tiny": args.tiny}
+    summary = {
+        "speedup_vs_unfused_mean": round(sum(r["speedup_vs_unfused"] for r in rows) / len(rows), 3),
+        "speedup_vs_unfused_gmean": gmean([r["speedup_vs_unfused"] for r in rows]),
+        "fused_over_plain_mean": round(sum(r["fused_over_plain"] for r in rows) / len(rows), 3),
+        "goal_speedup_ge_1.05": None, "goal_within_10pct_of_plain": None,
+        "all_codes_bit_exact": all(r.get("codes_bit_exact", True) and r.get("scales_bit_exact", True) for r in rows),
+    }
+    summary["goal_speedup_ge_1.05"] = summary["speedup_vs_unfused_mean"] >= 1.05
+    summary["goal_within_10pct_of_plain"] = summary["fused_over_plain_mean"] <= 1.10
+    for kind in sorted({r["gemm"] for r in rows}):
+        sub = [r for r in rows if r["gemm"] == kind]
+        summary[f"{kind}_speedup_vs_unfused_mean"] = round(sum(r["speedup_vs_unfused"] for r in sub) / len(sub), 3)
+        summary[f"{kind}_fused_over_plain_mean"] = round(sum(r["fused_over_plain"] for r in sub) / len(sub), 3)
+    return {"benchmark": "bench_fusion", "environment": env, "summary": summary, "rows": rows}
+
+
+def _print(report) -> None:
+    env, rows = report["environment"], report["rows"]
+    print(f"# bench_fusion  {env['date']}  {env['device']}  torch {env['torch']}  triton {env['triton']}  "
+          f"fmt {env['fmt']}")
+    hdr = (f"{'model':10s} {'gemm':18s} {'tokens':>6s} {'M x N x K':>18s} {'plain ms':>9s} {'unfused':>9s} "
+           f"{'(codec)':>8s} {'fused':>9s} {'TFLOP/s':>8s} {'vs unfused':>10s} {'vs plain':>9s} {'bit-exact':>9s}")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        exact = "yes" if r.get("codes_bit_exact", True) and r.get("scales_bit_exact", True) else "NO"
+        if "codes_bit_exact" not in r:
+            exact = "n/a"
+        print(f"{r['model']:10s} {r['gemm']:18s} {r['tokens']:6d} {r['M']:>6d}x{r['N']:>5d}x{r['K']:>5d} "
+              f"{r['plain_ms']:9.3f} {r['unfused_ms']:9.3f} {r['codec_ms']:8.3f} {r['fused_ms']:9.3f} "
+              f"{r['fused_tflops']:8.1f} {r['speedup_vs_unfused']:9.3f}x {r['fused_over_plain']:8.3f}x {exact:>9s}")
+    s = report["summary"]
+    print(f"mean speedup vs unfused {s['speedup_vs_unfused_mean']}x (goal >= 1.05: {s['goal_speedup_ge_1.05']}); "
+          f"mean fused/plain {s['fused_over_plain_mean']}x (goal <= 1.10: {s['goal_within_10pct_of_plain']}); "
+          f"codes bit-exact everywhere: {s['all_codes_bit_exact']}")
+
+
+if __name__ == "__main__":
+    main()
