@@ -21,9 +21,14 @@ DEFAULT_BLOCK = 256
 #: kept for comparison (and for the training job's ablations).
 COLLECTIVES = ("quangrad", "fp32", "bf16", "naive_fp8")
 
-# Below this many bytes of fp32 gradient a bucket goes through the vendor all-reduce.
-# TODO(measure): set from benchmarks/bench_quangrad.py.
-DEFAULT_MIN_COMPRESS_BYTES = 256 * 1024
+# Below this many bytes of fp32 gradient a bucket goes through the vendor all-reduce. Small buckets are
+# latency-bound: QuanGrad issues two collectives (all-to-all, all-gather) and three codec kernels where the
+# vendor issues one ring all-reduce. At the paper's 200 Gb/s, 1 MiB of fp32 needs 42 us on the wire, about
+# one collective's launch latency, so the 4x byte saving cannot pay for the second collective there (the
+# paper's Table 4 shows the win at 32 MiB: 39 ms vs 131 ms). On loopback gloo with the pure-torch codec
+# (docs/bench/quangrad.md) the vendor collective is as fast or faster at every size from 1 to 64 MiB; on
+# NCCL within one NVLink host the crossover is measured by the multi-GPU runs: set it from there.
+DEFAULT_MIN_COMPRESS_BYTES = 1 << 20
 
 
 def resolve_spec(fmt: str | FormatSpec, block: int | None) -> FormatSpec:
