@@ -60,5 +60,8 @@ def _load():
 
 @hookimpl
 def agoq_backends() -> list[BackendInfo]:
-    return [BackendInfo(name="ascend", device_type="npu", probe=probe, load=_load, accelerator=True,
-                        priority=10, install_hint=INSTALL_HINT)]
+    # Interpreter mode is not an accelerator: it serves CPU tensors and is only used when named
+    # (AGOQ_BACKEND=ascend), so it never competes with a real device in auto-selection.
+    interp = interpreter_requested()
+    return [BackendInfo(name="ascend", device_type="cpu" if interp else "npu", probe=probe, load=_load,
+                        accelerator=not interp, priority=10, install_hint=INSTALL_HINT)]

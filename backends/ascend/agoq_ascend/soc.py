@@ -36,6 +36,8 @@ class SocInfo:
     ub_bytes: int
 
     def describe(self) -> str:
+        if self.family == "interpreter":
+            return self.device_name
         ver = f", soc_version {self.soc_version}" if self.soc_version is not None else ""
         return f"{self.device_name} ({self.family}{ver})"
 

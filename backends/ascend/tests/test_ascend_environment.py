@@ -185,3 +185,18 @@ def test_soc_classification(ver, name, family, fp8, ub):
 def test_unsupported_soc_is_an_error(ver, name):
     with pytest.raises(UnsupportedSocError, match="Atlas A2 .* Atlas A3 .* Ascend 950"):
         classify(ver, name)
+
+
+def test_interpreter_mode_is_never_auto_selected(monkeypatch):
+    """Like agoq-cuda's interpreter mode: CPU tensors, not an accelerator, used only when named."""
+    from agoq_core.backend import manager
+    from agoq_ascend.plugin import agoq_backends
+
+    monkeypatch.setenv("AGOQ_ASCEND_INTERPRET", "1")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    (info,) = agoq_backends()
+    assert (info.device_type, info.accelerator) == ("cpu", False)
+    monkeypatch.delenv("AGOQ_ASCEND_INTERPRET")
+    (info,) = agoq_backends()
+    assert (info.device_type, info.accelerator) == ("npu", True)
+    manager.reset()
