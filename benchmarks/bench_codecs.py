@@ -188,38 +188,6 @@ def main(argv=None) -> dict:
 
             guarded(f"accumulate/reduce {fmt} {mib} MiB", ar)
 
-    # ---- launch-geometry sweep (informs the launcher's defaults) -------------------------------------------
-    sweep: list[dict] = []
-    if not args.no_sweep and not args.tiny:
-        mib = 256 if 256 in sizes else sizes[0]
-        n = mib * (1 << 20) // 2
-        x = randn(n)
-        sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        for fmt in ("int4", "int5", "fp8_e4m3"):
-            if fmt not in fmts:
-                continue
-            spec = get_format(fmt)
-            bp = triton.next_power_of_2(spec.block)
-            codes = torch.empty(spec.code_bytes(n), dtype=torch.uint8, device=dev)
-            scales = torch.empty(spec.num_blocks(n), dtype=torch.float32, device=dev)
-            out = torch.empty(n, dtype=torch.bfloat16, device=dev)
-            for lanes in (2048, 4096, 8192):
-                for per_sm in (8, None):
-                    if over_deadline():
-                        break
-                    r = max(1, lanes // bp)
-                    p = 1 << 30 if per_sm is None else per_sm * sms
-
-                    def one(r=r, p=p, per_sm=per_sm, spec=spec, codes=codes, scales=scales, out=out, fmt=fmt):
-                        tq = bench(lambda: launch.quantize(x, spec, codes, scales, rows=r, programs=p))
-                        td = bench(lambda: launch.dequantize(codes, scales, spec, out, rows=r, programs=p))
-                        sweep.append({"fmt": fmt, "size_mib": mib, "tile_lanes": r * bp, "programs_per_sm": per_sm,
-                                      "quantize_us": tq * 1e3, "dequantize_us": td * 1e3})
-
-                    guarded(f"sweep {fmt} rows={r} programs={p}", one)
-            del codes, scales, out
-        del x
-
     # ---- torch.compile of the reference (one size, a few formats; compiling is slow) ----------------------
     compile_info: list[dict] = []
     cmib = args.compile_size_mib if not args.tiny else sizes[0]
@@ -260,6 +228,38 @@ def main(argv=None) -> dict:
                 del got, want
 
             guarded(f"torch.compile {op} {fmt}", comp)
+        del x
+
+    # ---- launch-geometry sweep (informs the launcher's defaults) -------------------------------------------
+    sweep: list[dict] = []
+    if not args.no_sweep and not args.tiny:
+        mib = 256 if 256 in sizes else sizes[0]
+        n = mib * (1 << 20) // 2
+        x = randn(n)
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        for fmt in ("int4", "int5", "fp8_e4m3"):
+            if fmt not in fmts:
+                continue
+            spec = get_format(fmt)
+            bp = triton.next_power_of_2(spec.block)
+            codes = torch.empty(spec.code_bytes(n), dtype=torch.uint8, device=dev)
+            scales = torch.empty(spec.num_blocks(n), dtype=torch.float32, device=dev)
+            out = torch.empty(n, dtype=torch.bfloat16, device=dev)
+            for lanes in (2048, 4096, 8192):
+                for per_sm in (8, None):
+                    if over_deadline():
+                        break
+                    r = max(1, lanes // bp)
+                    p = 1 << 30 if per_sm is None else per_sm * sms
+
+                    def one(r=r, p=p, per_sm=per_sm, spec=spec, codes=codes, scales=scales, out=out, fmt=fmt):
+                        tq = bench(lambda: launch.quantize(x, spec, codes, scales, rows=r, programs=p))
+                        td = bench(lambda: launch.dequantize(codes, scales, spec, out, rows=r, programs=p))
+                        sweep.append({"fmt": fmt, "size_mib": mib, "tile_lanes": r * bp, "programs_per_sm": per_sm,
+                                      "quantize_us": tq * 1e3, "dequantize_us": td * 1e3})
+
+                    guarded(f"sweep {fmt} rows={r} programs={p}", one)
+            del codes, scales, out
         del x
 
     # ---- report -----------------------------------------------------------------------------------------

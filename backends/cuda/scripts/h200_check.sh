@@ -21,12 +21,12 @@ nvidia-smi -L; python3 -c "import torch, triton; print('torch', torch.__version_
 python3 -m agoq_core.cli.main backends
 t0=$(date +%s)
 # 1. bit-exact tests on CUDA tensors (+ the conformance cases as pytest, which also fills the Triton cache)
-timeout 200 python3 -m pytest -n 16 -q -p no:cacheprovider backends/triton_common/tests backends/cuda/tests \
+timeout 180 python3 -m pytest -n 16 -q -p no:cacheprovider backends/triton_common/tests backends/cuda/tests \
   conformance_tests --agoq-backend cuda > "$OUT/pytest.log" 2>&1; echo "pytest rc=$? ($(( $(date +%s) - t0 )) s)"
 tail -n 15 "$OUT/pytest.log"
 # 2. the conformance report (single process; compiled kernels come from the cache)
-timeout 120 python3 -m agoq_core.cli.main conformance run --backend cuda --report "$OUT/cuda-h200.json" -q \
+timeout 90 python3 -m agoq_core.cli.main conformance run --backend cuda --report "$OUT/cuda-h200.json" -q \
   > "$OUT/conformance.log" 2>&1; echo "conformance rc=$? ($(( $(date +%s) - t0 )) s)"; tail -n 5 "$OUT/conformance.log"
 # 3. the benchmark
-timeout 330 python3 benchmarks/bench_codecs.py --deadline-s "${1:-200}" > "$OUT/bench.log" 2>&1
+timeout 300 python3 benchmarks/bench_codecs.py --deadline-s "${1:-170}" > "$OUT/bench.log" 2>&1
 echo "bench rc=$? ($(( $(date +%s) - t0 )) s)"; grep -v Warning "$OUT/bench.log" | tail -n 90
