@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch
+
+# On a GPU machine other areas' tests may run the same kernels on the GPU: do not force the interpreter
+# there (the kernel tests below then skip); on CPU machines (CI) switch it on.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
 
@@ -34,5 +39,7 @@ def interp_backend():
     from agoq_ascend.planner import DeviceProps
     from agoq_ascend.soc import INTERPRETER_SOC
 
-    assert is_interpreted(), "TRITON_INTERPRET=1 must be set before the kernels are imported"
+    if not is_interpreted():
+        pytest.skip("the shared kernels were imported without TRITON_INTERPRET=1 (GPU machine); these tests need "
+                    "Triton's CPU interpreter")
     return AscendBackend(soc=INTERPRETER_SOC, props=DeviceProps(vector_cores=3), interpreted=True)

@@ -80,7 +80,8 @@ def _worker(rank: int, port: int, queue) -> None:
 
 @pytest.mark.dist
 def test_quangrad_protocol_over_a_real_process_group():
-    assert os.environ.get("TRITON_INTERPRET") == "1"  # inherited by the spawned ranks before they import triton
+    if os.environ.get("TRITON_INTERPRET") != "1":  # the spawned ranks inherit it before they import triton
+        pytest.skip("needs TRITON_INTERPRET=1 (CPU interpreter)")
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()

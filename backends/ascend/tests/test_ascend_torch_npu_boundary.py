@@ -91,7 +91,7 @@ def test_capabilities_910b_vs_950(monkeypatch):
     assert p5.rows > p2.rows and p5.grid == 64 and p2.grid == 48
 
 
-def test_create_refuses_npu_mode_when_kernels_are_interpreted(fake_npu):
+def test_create_refuses_npu_mode_when_kernels_are_interpreted(fake_npu, interp_backend):
     # This process decorated the kernels under TRITON_INTERPRET=1 without AGOQ_ASCEND_INTERPRET: on an NPU that
     # would silently run on CPU, so it is an error with the fix.
     with pytest.raises(BackendUnavailableError, match="unset TRITON_INTERPRET"):
@@ -141,7 +141,7 @@ def test_dynamic_block_quant_call_and_code_conversion(fake_npu, n, shape, dtype)
 
 @pytest.mark.parametrize("fmt,block,dtype", [("int8", 128, torch.float32), ("int8", 256, torch.bfloat16),
                                              ("int4", 128, torch.bfloat16)])
-def test_dynamic_block_quant_is_not_used_outside_its_envelope(fake_npu, fmt, block, dtype):
+def test_dynamic_block_quant_is_not_used_outside_its_envelope(fake_npu, interp_backend, fmt, block, dtype):
     be = _npu_backend(fake_npu, {"npu_dynamic_block_quant"})
     spec = get_format(fmt, block)
     x = _gauss(1000, dtype, seed=1)
