@@ -14,6 +14,7 @@ Two modes, fixed when the backend is created:
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -67,6 +68,7 @@ class AscendBackend(BackendBase):
         self.device_type = "cpu" if interpreted else "npu"
         self.dist_backend = "gloo" if interpreted else "hccl"
         self.launcher = Launcher(props)
+        self._max_block = max_block(props)  # ~10 ms of planner arithmetic; capabilities() runs per call
 
     # ---- construction --------------------------------------------------------------------------------
     @classmethod
@@ -97,7 +99,8 @@ class AscendBackend(BackendBase):
         fam = self.soc.family
         notes = [f"device: {self.soc.describe()}; {self.props.vector_cores} vector cores, UB {self.props.ub_bytes} bytes",
                  "Triton kernel bodies shared with agoq-cuda (agoq_triton_kernels), Ascend launch geometry "
-                 "(agoq_ascend.planner); codes and scales bit-exact with the reference by construction"]
+                 "(agoq_ascend.planner); written to be bit-exact with the reference, verified only in Triton's CPU "
+                 "interpreter: no NPU run is on record (agoq conformance run --backend ascend makes one)"]
         if fam in ("A2", "A3", "interpreter"):
             notes.append(f"{'Atlas ' + fam if fam != 'interpreter' else 'emulated A2'}: no FP8 units; fp8_e4m3/fp8_e5m2 "
                          "are stored as bytes, encoded and decoded with int32 logic, moved by HCCL as uint8")
@@ -115,7 +118,7 @@ class AscendBackend(BackendBase):
             ops=_OPS,
             collectives=frozenset({"all_to_all", "all_gather"}),
             input_dtypes=_INPUT_DTYPES,
-            max_block=max_block(self.props),
+            max_block=self._max_block,
             notes=tuple(notes),
         )
 
@@ -125,8 +128,6 @@ class AscendBackend(BackendBase):
     # ---- codecs --------------------------------------------------------------------------------------
     def _guard(self, t: torch.Tensor):
         """Launch on the tensor's NPU (Triton-Ascend launches on the current device)."""
-        import contextlib
-
         if self.interpreted or t.device.index is None:
             return contextlib.nullcontext()
         return self._npu.npu.device(t.device.index)

@@ -53,7 +53,11 @@ def probe() -> Availability:
 
 
 def _load():
-    from agoq_ascend.backend import AscendBackend  # heavy: imports the kernels (triton), torch_npu on NPUs
+    if not interpreter_requested():
+        from agoq_ascend.device import import_torch_npu
+
+        import_torch_npu()  # registers the 'npu' device and 'hccl' before triton-ascend's driver looks for them
+    from agoq_ascend.backend import AscendBackend  # heavy: imports the kernels (triton)
 
     return AscendBackend.create()
 
