@@ -27,7 +27,7 @@ from agoq_core.quangrad.config import resolve_spec
 if TYPE_CHECKING:
     from agoq_core.backend.protocol import Backend
 
-__all__ = ["group_info", "BucketOp", "QuanGradOp", "VendorOp", "NaiveFP8Op", "make_bucket_op", "all_reduce_",
+__all__ = ["group_info", "BucketOp", "QuanGradOp", "VendorOp", "NaiveFP8Op", "LocalOp", "make_bucket_op", "all_reduce_",
            "reduce_scatter", "ReduceScatterResult", "ring_all_reduce_bytes"]
 
 _TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -217,10 +217,38 @@ class NaiveFP8Op(BucketOp):
         self.stage = 3
 
 
+class LocalOp(BucketOp):
+    """World size 1: nothing to reduce. The storage already holds the sum; the sharded variant's shard is
+    the whole bucket in fp32."""
+
+    path = "local"
+
+    def __init__(self, codes, scales, plan, *, group, backend, sharded):  # no process group needed
+        plan.check_storage(codes, scales)
+        self.codes, self.scales, self.plan = codes, scales, plan
+        self.group, self.backend, self.sharded = group, backend, sharded
+        self.rank, self.world = 0, 1
+        self.shard, self.sent_bytes, self.stage = None, 0, 0
+
+    def launch(self) -> None:
+        self.stage = 1
+
+    def advance(self) -> None:
+        self.stage = 2
+
+    def finish(self) -> None:
+        if self.sharded:
+            self.shard = P.dequantize_bucket(self.codes, self.scales, self.plan, self.plan.numel, torch.float32,
+                                             backend=self.backend)
+        self.stage = 3
+
+
 def make_bucket_op(path: str, codes: torch.Tensor, scales: torch.Tensor, plan: P.ChunkPlan, *, group: Any,
                    backend: "Backend", sharded: bool) -> BucketOp:
-    """``path``: "quangrad", "naive_fp8", "fp32" or "bf16" (vendor collective in that dtype)."""
+    """``path``: "quangrad", "naive_fp8", "fp32" or "bf16" (vendor collective in that dtype), "local"."""
     kw = dict(group=group, backend=backend, sharded=sharded)
+    if path == "local":
+        return LocalOp(codes, scales, plan, **kw)
     if path == "quangrad":
         return QuanGradOp(codes, scales, plan, **kw)
     if path == "naive_fp8":

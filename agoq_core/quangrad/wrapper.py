@@ -80,7 +80,7 @@ class QuanGradReport:
 
     @property
     def fallback_buckets(self) -> list[dict[str, Any]]:
-        return [b for b in self.buckets if b["path"] != self.collective]
+        return [b for b in self.buckets if b["path"] not in (self.collective, "local")]
 
     def __str__(self) -> str:
         mib = 1 << 20
@@ -125,7 +125,10 @@ class QuanGradDDP(torch.nn.Module):
             )
         self.module = module
         self.config = cfg
-        self.rank, self.world_size = group_info(cfg.group)
+        if cfg.group is None and not (dist.is_available() and dist.is_initialized()):
+            self.rank, self.world_size = 0, 1  # single process: 8-bit storage, nothing to communicate
+        else:
+            self.rank, self.world_size = group_info(cfg.group)
         self.backend = get_backend(cfg.backend)
         spec = cfg.spec
 
@@ -144,12 +147,13 @@ class QuanGradDDP(torch.nn.Module):
         self._params = [p for _, p in named]
         self.param_names = [n for n, _ in named]
 
-        if cfg.broadcast_params:
+        if cfg.broadcast_params and self.world_size > 1:
             self._broadcast_from_rank0()
         self.layout: BucketLayout = plan_buckets(named, world_size=self.world_size, spec=spec,
                                                  cap_numel=cfg.bucket_cap_numel, path_for=self._path_for,
                                                  sharded=cfg.sharded)
-        check_layout_across_ranks(self.layout, group=cfg.group, device=self.device, backend=self.backend)
+        if self.world_size > 1:
+            check_layout_across_ranks(self.layout, group=cfg.group, device=self.device, backend=self.backend)
         self.storage = GradStorage(self.layout, self.device, self.backend)
 
         self.use_master = cfg.master_weights == "on" or (
@@ -180,6 +184,8 @@ class QuanGradDDP(torch.nn.Module):
     # ---- setup helpers ---------------------------------------------------------------------------------
     def _path_for(self, padded: int) -> tuple[str, str]:
         cfg = self.config
+        if self.world_size == 1:
+            return "local", "world size 1: nothing to reduce"
         if cfg.collective != "quangrad":
             return cfg.collective, f"config.collective={cfg.collective!r}"
         if padded * 4 < cfg.min_compress_bytes:
@@ -281,6 +287,10 @@ class QuanGradDDP(torch.nn.Module):
         self._ops[k] = op
         if k > 0 and self._ops[k - 1].stage == 1:
             self._ops[k - 1].advance()
+        # Finish k-2 now (its all-gather was issued one launch ago) so that at most three buckets hold
+        # transfer buffers at once, instead of every bucket's all-gather result waiting for step().
+        if k > 1 and self._ops[k - 2].stage == 2:
+            self._ops[k - 2].finish()
         self._next_launch = k + 1
 
     def _finish_all(self) -> None:
@@ -311,19 +321,25 @@ class QuanGradDDP(torch.nn.Module):
         self._reset_window()
 
     def _global_norm(self, mult: float) -> float:
+        """L2 norm of the reduced gradient x ``mult``: per-bucket sums of squares accumulated in fp64, added
+        in bucket order (and in rank order for the shards), so every rank computes the same float."""
+        def sq(x: torch.Tensor) -> float:
+            return float(torch.linalg.vector_norm(x, 2, dtype=torch.float64)) ** 2
+
         if self.config.sharded:
-            local = torch.zeros((), dtype=torch.float64, device=self.device)
-            for op in self._ops:
-                local += (op.shard * mult).double().pow(2).sum()
-            parts = torch.empty(self.world_size, dtype=torch.float64, device=self.device)
-            self.backend.all_gather_bytes(parts, local.reshape(1), group=self.config.group)
+            local = torch.tensor([sum(sq(op.shard) for op in self._ops)], dtype=torch.float64, device=self.device)
+            parts = local
+            if self.world_size > 1:
+                parts = torch.empty(self.world_size, dtype=torch.float64, device=self.device)
+                self.backend.all_gather_bytes(parts, local, group=self.config.group)
             total = 0.0
             for v in parts.tolist():  # rank order: every rank adds the same numbers in the same order
                 total += v
-            return math.sqrt(total) if total >= 0 else float("nan")
-        total = 0.0
-        for bi in range(len(self.layout.buckets)):
-            total += float((self.storage.bucket_fp32(bi) * mult).double().pow(2).sum())
+        else:
+            total = 0.0
+            for bi in range(len(self.layout.buckets)):
+                total += sq(self.storage.bucket_fp32(bi))
+        total *= mult * mult
         return math.sqrt(total) if total >= 0 else float("nan")
 
     def step(self) -> StepReport:
@@ -397,8 +413,11 @@ class QuanGradDDP(torch.nn.Module):
             dtypes = {self._params[s.index].dtype for s in b.slots}
             dt = dtypes.pop() if len(dtypes) == 1 else torch.float32
             mine = shard.detach().to(dt)
-            full = torch.empty(b.numel, dtype=dt, device=self.device)
-            self.backend.all_gather_bytes(full, mine, group=self.config.group)
+            if self.world_size > 1:
+                full = torch.empty(b.numel, dtype=dt, device=self.device)
+                self.backend.all_gather_bytes(full, mine, group=self.config.group)
+            else:
+                full = mine
             for s in b.slots:
                 self._params[s.index].copy_(full[s.offset: s.offset + s.numel].view(s.shape))
             op.shard = None

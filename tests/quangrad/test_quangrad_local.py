@@ -1,0 +1,144 @@
+"""QuanGradDDP in one process without a process group (world size 1): 8-bit gradient storage, hooks,
+accumulation, clipping, master weights and the step, checked against independent references."""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from agoq_core.errors import NonFiniteError
+from agoq_core.formats import reference as ref
+from agoq_core.quangrad import QuanGradConfig, QuanGradDDP, optimizer_factory
+from agoq_core.quangrad.config import resolve_spec
+
+from . import qg_ref
+from .qg_workers import TinyNet, batches
+
+
+def _grads(model, mbs, dtype=torch.float32):
+    """Per-micro-batch gradients of a plain copy of the model (independent of QuanGrad)."""
+    out = []
+    for x, y in mbs:
+        model.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(model(x.to(dtype)).float(), y).backward()
+        out.append([p.grad.detach().clone() for p in model.parameters()])
+    model.zero_grad(set_to_none=True)
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
+def test_accumulated_storage_and_sgd_step_match_the_reference(fmt):
+    spec = resolve_spec(fmt, None)
+    torch.manual_seed(0)
+    model = TinyNet()
+    plain = TinyNet()
+    plain.load_state_dict(model.state_dict())
+    mbs = next(batches(7, 0, 1, 3))
+    grads = _grads(plain, mbs)
+    qg = QuanGradDDP(model, optimizer_factory("sgd", lr=0.1), config=QuanGradConfig(fmt=fmt, bucket_cap_mb=0.002))
+    assert qg.world_size == 1 and {b["path"] for b in qg.report.buckets} == {"local"}
+    assert len(qg.layout.buckets) > 1
+    p0 = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for k, (x, y) in enumerate(mbs):
+        with qg.no_sync() if k < len(mbs) - 1 else contextlib.nullcontext():
+            torch.nn.functional.mse_loss(qg(x), y).backward()
+        assert all(p.grad is None for p in model.parameters())  # the 16-bit grads are freed at once
+    for i, (name, p) in enumerate(model.named_parameters()):
+        c, s = ref.quantize_blocks(grads[0][i].reshape(-1), spec)
+        for mb in grads[1:]:
+            c, s = ref.accumulate(c, s, spec, p.numel(), mb[i])
+        assert torch.equal(qg.storage.views[i].codes, c) and qg_ref.bits_equal(qg.storage.views[i].scales, s)
+        assert qg_ref.bits_equal(qg.gradient(name).reshape(-1), ref.dequantize_blocks(c, s, spec, p.numel()))
+    want = {n: p0[n] - 0.1 * qg.gradient(n) for n in p0}
+    rep = qg.step()
+    assert not rep.skipped and rep.wire_bytes == 0 and rep.step == 0
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.detach(), want[n], rtol=1e-6, atol=1e-7)
+
+
+def test_grad_norm_and_clipping_match_torch_on_the_stored_gradient():
+    torch.manual_seed(0)
+    model = TinyNet()
+    qg = QuanGradDDP(model, optimizer_factory("sgd", lr=0.0), config=QuanGradConfig(max_grad_norm=0.01))
+    x, y = next(batches(8, 0, 1, 1))[0]
+    torch.nn.functional.mse_loss(qg(x), y).backward()
+    stored = [qg.gradient(n).clone() for n in qg.param_names]
+    rep = qg.step()
+    want = torch.linalg.vector_norm(torch.cat([g.reshape(-1).double() for g in stored]))
+    assert rep.grad_norm == pytest.approx(float(want), rel=1e-12)
+    assert rep.clip_coef == pytest.approx(0.01 / (float(want) + 1e-6))
+
+
+def test_bf16_model_with_fp32_masters_and_sharded_world_one_agree():
+    torch.manual_seed(0)
+    base = TinyNet().to(torch.bfloat16)
+    runs = {}
+    for sharded in (False, True):
+        model = TinyNet().to(torch.bfloat16)
+        model.load_state_dict(base.state_dict())
+        qg = QuanGradDDP(model, optimizer_factory("adamw", lr=1e-2),
+                         config=QuanGradConfig(sharded=sharded, bucket_cap_mb=0.002))
+        assert qg.use_master or sharded
+        for mbs in batches(9, 0, 3, 2):
+            for i, (x, y) in enumerate(mbs):
+                with qg.no_sync() if i == 0 else contextlib.nullcontext():
+                    torch.nn.functional.mse_loss(qg(x.bfloat16()).float(), y).backward()
+            assert not qg.step().skipped
+        runs[sharded] = {n: p.detach().clone() for n, p in model.named_parameters()}
+        assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    # replicated steps D(storage) (requantized per bucket), the world-1 shard is D(storage) too: same bits
+    assert all(qg_ref.bits_equal(runs[False][n], runs[True][n]) for n in runs[False])
+
+
+def test_nonfinite_is_reported_and_the_step_skipped_or_raised():
+    torch.manual_seed(0)
+    model = TinyNet()
+    qg = QuanGradDDP(model, optimizer_factory("sgd", lr=0.1))
+    x, y = next(batches(10, 0, 1, 1))[0]
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    model.fc1.weight.register_hook(lambda g: g.index_put((torch.tensor([3]), torch.tensor([5])),
+                                                         torch.tensor(float("nan"))))
+    torch.nn.functional.mse_loss(qg(x), y).backward()
+    rep = qg.step()
+    assert rep.skipped and rep.nonfinite_params == ("fc1.weight",) and "fc1.weight" in rep.reason
+    assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
+    assert not qg.storage.has_nonfinite()  # the window was dropped
+    qg2 = QuanGradDDP(TinyNet(), optimizer_factory("sgd", lr=0.1), config=QuanGradConfig(on_nonfinite="raise"))
+    x2 = x.clone()
+    x2[0, 0] = float("inf")
+    torch.nn.functional.mse_loss(qg2(x2), y).backward()
+    with pytest.raises(NonFiniteError, match="not applied"):
+        qg2.step()
+
+
+def test_report_and_memory_accounting():
+    qg = QuanGradDDP(TinyNet(), optimizer_factory("adamw", lr=1e-3))
+    rep = qg.report
+    n = sum(p.numel() for p in qg.module.parameters())
+    assert rep.param_numel == n and rep.num_params == 8
+    assert qg.gradient_bytes == rep.gradient_bytes == sum(t.numel() * t.element_size() for t in qg.gradient_buffers())
+    # 1 byte per element + 4 bytes per 256, plus block alignment of each of the 8 parameters
+    assert n * (1 + 4 / 256) <= rep.gradient_bytes < (n + 8 * 256) * (1 + 4 / 256)
+    assert "gradient memory" in str(rep) and rep.master_weight_bytes == 0
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError, match="callable params -> torch.optim.Optimizer"):
+        QuanGradDDP(TinyNet(), torch.optim.SGD(TinyNet().parameters(), lr=0.1))
+    with pytest.raises(TypeError, match="QuanGradConfig"):
+        QuanGradDDP(TinyNet(), optimizer_factory("sgd", lr=0.1), config={"fmt": "int8"})
+    frozen = TinyNet().requires_grad_(False)
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        QuanGradDDP(frozen, optimizer_factory("sgd", lr=0.1))
+    with pytest.raises(TypeError, match="must return a torch.optim.Optimizer"):
+        QuanGradDDP(TinyNet(), lambda ps: None)
+    qg = QuanGradDDP(TinyNet(), optimizer_factory("sgd", lr=0.1))
+    with pytest.raises(RuntimeError, match="no gradient was accumulated"):
+        qg.step()
+    with pytest.raises(KeyError, match="no trainable parameter"):
+        qg.gradient("nope")
+    emb = torch.nn.Embedding(10, 4, sparse=True)
+    qs = QuanGradDDP(emb, optimizer_factory("sgd", lr=0.1))
+    with pytest.raises(TypeError, match="sparse gradient"):
+        qs(torch.tensor([1, 2])).sum().backward()
