@@ -12,9 +12,14 @@ What is measured, per LLaMA layer shape and token count T (bf16, int4 block 128 
 * ``fc1_epilogue`` — the gate (= up) projection y = x Wᵀ, x [T, hidden], W [inter, hidden], whose output
   LAAQ keeps quantized (role mlp_act_input). plain: ``F.linear`` (cuBLAS). unfused: ``F.linear`` + the cuda
   backend's quantize kernel on y. fused: gemm_quant_epilogue (y and Q(y) in one kernel).
+* ``down_dw_gated`` — the down projection's weight gradient dW [hidden, inter] = dYᵀ · h, h = act(gate) * up
+  rebuilt from the kept 4-bit up (role mlp_act_input; LAAQ's default backward). plain: the GEMM on a dense
+  h. unfused: ``h = act * up`` (torch) + the GEMM; fused: gemm_dequant_prologue with ``mul=act``, h never
+  written. (Dequantizing gate and up is needed by both paths — their gradients read them — so not timed.)
 * ``oproj_dw_prologue`` — the attention out-projection weight gradient dW = dYᵀ · X, X [T, hidden] kept
-  quantized (role attn_out_input). plain: the GEMM on a bf16 X. unfused: the cuda backend's dequantize to
-  bf16 + the same GEMM LAAQ runs (``x.t().mm(dy).t()``). fused: gemm_dequant_prologue.
+  quantized (role attn_out_input when the attention output is not kept by SDPA itself). plain: the GEMM on a
+  bf16 X. unfused: the cuda backend's dequantize to bf16 + the same GEMM LAAQ runs (``x.t().mm(dy).t()``).
+  fused: gemm_dequant_prologue.
 * ``fc1_dw_prologue`` — gate/up weight gradient with X kept quantized (role linear_input: SwiGLU blocks not
   fed by a converted norm), dW [inter, hidden].
 Each timing is the median of ``triton.testing.do_bench`` (L2 flushed between runs). Every fused result is
@@ -120,36 +125,47 @@ def main(argv=None) -> dict:
             del x, w, y, yf, codes, scales, codes_f, scales_f
 
             # ---- weight gradients with a quantized input ------------------------------------------------
-            for name, n_out in (("oproj_dw_prologue", hidden), ("fc1_dw_prologue", inter)):
-                dy, xin = randn(t, n_out), randn(t, hidden, scale=3.0)
-                m = t * hidden
+            for name, n_out, k_in, gated in (("down_dw_gated", hidden, inter, True),
+                                             ("oproj_dw_prologue", hidden, hidden, False),
+                                             ("fc1_dw_prologue", inter, hidden, False)):
+                dy, xin = randn(t, n_out), randn(t, k_in, scale=3.0)
+                m = t * k_in
                 qc, qs = (torch.empty(spec.code_bytes(m), dtype=torch.uint8, device=dev),
                           torch.empty(spec.num_blocks(m), dtype=torch.float32, device=dev))
                 be.quantize_into(xin.view(-1), spec, qc, qs)
                 xd = torch.empty_like(xin)
-                dw = torch.empty(n_out, hidden, dtype=dtype, device=dev)
+                be.dequantize_into(qc, qs, spec, xd.view(-1))
+                act = F.silu(randn(t, k_in, scale=2.0)) if gated else None   # m = act(gate), LAAQ keeps it dense
+                h = act * xd if gated else xd
+                dw = torch.empty(n_out, k_in, dtype=dtype, device=dev)
                 dwf = torch.empty_like(dw)
 
                 def plain_dw():
-                    torch.matmul(xin.t(), dy, out=dw.t())
+                    torch.matmul(h.t(), dy, out=dw.t())
+
+                if gated:
+                    # LAAQ dequantizes gate and up anyway (their gradients need them); unfused, it then
+                    # materialises h = act(gate) * up for the GEMM; fused, the GEMM multiplies in registers.
+                    def extra_dw():
+                        torch.mul(act, xd, out=h)
+                else:
+                    def extra_dw():
+                        be.dequantize_into(qc, qs, spec, xd.view(-1))
 
                 def unfused_dw():
-                    be.dequantize_into(qc, qs, spec, xd.view(-1))
-                    torch.matmul(xd.t(), dy, out=dw.t())   # (xᵀ·dy)ᵀ: LAAQ's weight_grad GEMM
-
-                def codec_only_dw():
-                    be.dequantize_into(qc, qs, spec, xd.view(-1))
+                    extra_dw()
+                    torch.matmul(h.t(), dy, out=dw.t())   # (xᵀ·dy)ᵀ: LAAQ's weight_grad GEMM
 
                 def fused_dw():
-                    launch.gemm_dequant_prologue_into(dy, qc, qs, spec, hidden, dwf)
+                    launch.gemm_dequant_prologue_into(dy, qc, qs, spec, k_in, dwf, act)
 
                 fused_dw()
                 unfused_dw()
                 be.synchronize(dev)
                 check = {"sqnr_fused_vs_unfused_db": round(sqnr_db(dwf, dw), 2)}
-                rows.append(_row(model, name, t, (n_out, hidden, t), bench(plain_dw), bench(unfused_dw),
-                                 bench(fused_dw), bench(codec_only_dw), check, launch, "prologue"))
-                del dy, xin, qc, qs, xd, dw, dwf
+                rows.append(_row(model, name, t, (n_out, k_in, t), bench(plain_dw), bench(unfused_dw),
+                                 bench(fused_dw), bench(extra_dw), check, launch, "prologue"))
+                del dy, xin, qc, qs, xd, dw, dwf, act, h
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
 
@@ -223,7 +239,7 @@ def _print(report) -> None:
     print(f"# bench_fusion  {env['date']}  {env['device']}  torch {env['torch']}  triton {env['triton']}  "
           f"fmt {env['fmt']}")
     hdr = (f"{'model':10s} {'gemm':18s} {'tokens':>6s} {'M x N x K':>18s} {'plain ms':>9s} {'unfused':>9s} "
-           f"{'(codec)':>8s} {'fused':>9s} {'TFLOP/s':>8s} {'vs unfused':>10s} {'vs plain':>9s} {'bit-exact':>9s}")
+           f"{'(extra)':>8s} {'fused':>9s} {'TFLOP/s':>8s} {'vs unfused':>10s} {'vs plain':>9s} {'bit-exact':>9s}")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:

@@ -3,7 +3,8 @@
 * :func:`gemm_quant_epilogue` — forward gate/up (FC1) GEMM ``y = x Wᵀ (+ b)`` that also writes the
   block-quantized copy of ``y`` LAAQ keeps (capability ``gemm_quant_epilogue``).
 * :func:`gemm_dequant_prologue` — backward weight-gradient GEMM ``dW = dYᵀ · X`` reading X from its
-  quantized copy (capability ``gemm_dequant_prologue``).
+  quantized copy, optionally ``dW = dYᵀ · (m ⊙ X)`` (the down projection's input ``act(gate) * up``
+  rebuilt from the kept ``up``) (capability ``gemm_dequant_prologue``).
 
 Numerics (docs/fusion.md): the codes and scales are bit-exact with the reference codec applied to the
 16-bit ``y`` the same kernel returns; the GEMM results meet the SQNR floors in :mod:`.tolerances`.
@@ -39,8 +40,10 @@ def gemm_quant_epilogue(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     return y, QuantizedTensor(codes, scales, y.shape, y.dtype, spec)
 
 
-def gemm_dequant_prologue(grad_out: torch.Tensor, x: QuantizedTensor, *, config=None) -> torch.Tensor:
-    """``dW[N, K] = Σ_tokens grad_out[t, N] · dequantize(x)[t, K]`` in grad_out's dtype, fused.
+def gemm_dequant_prologue(grad_out: torch.Tensor, x: QuantizedTensor, *, mul: torch.Tensor | None = None,
+                          config=None) -> torch.Tensor:
+    """``dW[N, K] = Σ_tokens grad_out[t, N] · B[t, K]`` in grad_out's dtype, fused, with B = dequantize(x)
+    (in grad_out's dtype) or ``mul * dequantize(x)`` when ``mul`` (x's shape, grad_out's dtype) is given.
 
     ``x`` holds the GEMM input [..., K] kept quantized; its leading dims must match grad_out's."""
     from agoq_cuda.fusion import launch
@@ -54,5 +57,6 @@ def gemm_dequant_prologue(grad_out: torch.Tensor, x: QuantizedTensor, *, config=
     k = x.shape[-1]
     g2 = grad_out.reshape(-1, grad_out.shape[-1])
     out = torch.empty((g2.shape[1], k), dtype=grad_out.dtype, device=grad_out.device)
-    launch.gemm_dequant_prologue_into(g2, x.codes, x.scales, x.spec, k, out, config=config)
+    m2 = mul.reshape(-1, k) if mul is not None else None
+    launch.gemm_dequant_prologue_into(g2, x.codes, x.scales, x.spec, k, out, m2, config=config)
     return out

@@ -32,6 +32,7 @@ def _variants(quick: bool):
         for c in cfgs:
             out.append(("epilogue", spec, c, "bf16"))
             out.append(("prologue", spec, c, "bf16"))
+            out.append(("prologue+mul", spec, c, "bf16"))
     if not quick:
         out.append(("epilogue", get_format("int4"), _GPU_CONFIGS[0], "fp16"))
         out.append(("prologue", get_format("int4"), _GPU_CONFIGS[0], "fp16"))
@@ -57,9 +58,11 @@ def _compile(kind, spec, cfg, dtype, arch):
                      BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, EVEN_K=True)
     else:
         fn = K.gemm_dequant_prologue_kernel
-        sig = {"g_ptr": p16, "codes_ptr": "*i8", "scales_ptr": "*fp32", "lut_ptr": "*fp32", "out_ptr": p16,
-               "M": "i32", "N": "i32", "K": "i32", "stride_gm": "i32", "M_KEY": "i32"}
-        const = dict(stride_gn=1, FLOAT=flt, INTERP=False, NF4_LUT=True, **fmt,
+        sig = {"g_ptr": p16, "codes_ptr": "*i8", "scales_ptr": "*fp32", "lut_ptr": "*fp32", "m_ptr": p16,
+               "out_ptr": p16, "M": "i32", "N": "i32", "K": "i32", "stride_gm": "i32", "stride_mm": "i32",
+               "M_KEY": "i32"}
+        const = dict(stride_gn=1, stride_mk=1, HAS_MUL=kind == "prologue+mul", FLOAT=flt, INTERP=False,
+                     NF4_LUT=True, **fmt,
                      BLOCK_N=cfg.block_m, BLOCK_K=cfg.block_n, BLOCK_R=cfg.block_k, GROUP_M=cfg.group_m)
     # Triton's JIT marks 16-byte-aligned pointers and ints divisible by 16 (every LLaMA size) like this.
     attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in sig}
@@ -115,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     recs = compile_variants(quick=a.quick, arch=a.arch)
     for r in recs:
-        print(f"{r['kernel']:9s} {r['fmt']:9s} {r['dtype']} tile {'x'.join(map(str, r['tile']))} w{r['warps']} "
+        print(f"{r['kernel']:12s} {r['fmt']:9s} {r['dtype']} tile {'x'.join(map(str, r['tile']))} w{r['warps']} "
               f"s{r['stages']}: {r['compile_s']:5.1f}s shared {r['shared_bytes'] / 1024:6.1f} KiB, "
               f"pipelined loads {r['pipelined_loads']}, wgmma {r['wgmma']}, regs {r['registers']}, "
               f"stack {r['spill_bytes']} B")

@@ -11,16 +11,17 @@ What a case checks (level ``bit_exact+sqnr``):
   call returned; the output is within the SQNR floor of the float64 product of the same operands
   (agoq_cuda.fusion.tolerances) and is NaN exactly where that product is NaN.
 * ``gemm_dequant_prologue``: X is quantized by the reference codec; the result is within the SQNR floor of
-  the float64 product ``dYᵀ · D(X)``, with D(X) rounded to dY's dtype as the unfused path materialises it,
-  and NaN exactly where that product is NaN (a NaN block of X poisons its dW columns).
+  the float64 product ``dYᵀ · B`` with B = D(X) rounded to dY's dtype as the unfused path materialises it
+  (or ``m * D(X)``, torch's 16-bit product, for the ``-mul`` cases), and NaN exactly where that product
+  is NaN (a NaN block of X poisons its dW columns). ``-identity`` cases (dY = I) check B bit for bit.
 ``output_sha256`` is None: the GEMM rounding is device-specific, so outputs are compared by tolerance, not
 by hash, and ``agoq conformance compare`` treats these cases by verdict.
 
 Inputs are generated on the CPU from a seed derived from the case id, then moved to the backend's device.
 Backend methods used (what a backend claiming the ops implements; see docs/fusion.md):
 ``gemm_quant_epilogue_unsupported(x, weight, bias, spec)``, ``gemm_quant_epilogue_into(x, weight, bias,
-spec, out, codes, scales)``, ``gemm_dequant_prologue_unsupported(grad, spec, k)``,
-``gemm_dequant_prologue_into(grad, codes, scales, spec, k, out)``.
+spec, out, codes, scales)``, ``gemm_dequant_prologue_unsupported(grad, spec, k, mul)``,
+``gemm_dequant_prologue_into(grad, codes, scales, spec, k, out, mul)`` (``mul`` None or [M, k]).
 """
 from __future__ import annotations
 
@@ -51,12 +52,16 @@ class FusionCase:
     n: int
     k: int
     bias: bool = False
+    mul: bool = False
+    """prologue: dW = dYᵀ · (m ⊙ D(X)) with a dense m (LAAQ's down-projection weight gradient)."""
     special: str = ""
-    """"" (random), "nan", "zeros" (an all-zero output row / X row), "tiny" (values below 2**-126)."""
+    """"" (random), "nan", "zeros" (an all-zero output row / X row), "tiny" (values below 2**-126),
+    "identity" (prologue: dY = I, so dW must equal the 16-bit operand bit for bit)."""
 
     @property
     def id(self) -> str:
-        extra = ("-bias" if self.bias else "") + (f"-{self.special}" if self.special else "")
+        extra = (("-bias" if self.bias else "") + ("-mul" if self.mul else "")
+                 + (f"-{self.special}" if self.special else ""))
         return f"fusion/{self.op}/{self.fmt}/b{self.block}/{self.dtype}/m{self.m}n{self.n}k{self.k}{extra}"
 
     @property
@@ -78,6 +83,14 @@ def fusion_cases() -> list[FusionCase]:
                                 special=special))
         cases.append(FusionCase(op="gemm_dequant_prologue", fmt="int4", block=128, dtype="bf16", m=40, n=32, k=256,
                                 special=special))
+    for fmt in ("int4", "nf4", "fp4_e2m1"):
+        cases.append(FusionCase(op="gemm_dequant_prologue", fmt=fmt, block=128, dtype="bf16", m=70, n=40, k=256,
+                                mul=True))
+    for fmt, mul in (("int4", False), ("nf4", True), ("int5", True)):
+        cases.append(FusionCase(op="gemm_dequant_prologue", fmt=fmt, block=128, dtype="bf16", m=48, n=48, k=256,
+                                mul=mul, special="identity"))
+    cases.append(FusionCase(op="gemm_dequant_prologue", fmt="int4", block=128, dtype="f16", m=32, n=32, k=128,
+                            mul=True, special="identity"))
     cases.append(FusionCase(op="gemm_quant_epilogue", fmt="int4", block=128, dtype="f16", m=33, n=256, k=96, bias=True))
     cases.append(FusionCase(op="gemm_dequant_prologue", fmt="int4", block=128, dtype="f16", m=50, n=40, k=128))
     for block in (64, 256):
@@ -119,7 +132,10 @@ def _prologue_inputs(case: FusionCase):
         x[9].zero_()
     elif case.special == "tiny":
         x[5] *= 2.0**-128                # a block of subnormals: flushed, scale 0
-    return dy.to(dt), x.to(dt)
+    elif case.special == "identity":
+        dy = torch.eye(case.m, case.n)   # dW = dYᵀ B = B: one product per output, exact in fp32
+    mul = torch.nn.functional.silu(torch.randn(case.m, case.k, generator=g) * 2).to(dt) if case.mul else None
+    return dy.to(dt), x.to(dt), mul
 
 
 def _bits_mismatch(got: torch.Tensor, want: torch.Tensor) -> tuple[int, str]:
@@ -172,23 +188,30 @@ def _run_epilogue(case: FusionCase, be, device: torch.device, rec: dict) -> None
 
 def _run_prologue(case: FusionCase, be, device: torch.device, rec: dict) -> None:
     spec = case.spec
-    dy, x = _prologue_inputs(case)
+    dy, x, mul = _prologue_inputs(case)
     want_c, want_s = reference.quantize_blocks(x, spec)
-    d = reference.dequantize_blocks(want_c, want_s, spec, x.numel(), dy.dtype).view(case.m, case.k)
-    ref = dy.double().t() @ d.double()
+    b = reference.dequantize_blocks(want_c, want_s, spec, x.numel(), dy.dtype).view(case.m, case.k)
+    if mul is not None:
+        b = mul * b                       # torch's 16-bit product: fp32 multiply, one rounding
+    ref = dy.double().t() @ b.double()
     dy = dy.to(device)
-    reason = be.gemm_dequant_prologue_unsupported(dy, spec, case.k)
+    mul_d = mul.to(device) if mul is not None else None
+    reason = be.gemm_dequant_prologue_unsupported(dy, spec, case.k, mul_d)
     if reason:
         rec.update(verdict="fail", detail=f"backend claims gemm_dequant_prologue but declined a documented case: {reason}")
         return
     out = torch.empty(case.n, case.k, dtype=dy.dtype, device=device)
-    be.gemm_dequant_prologue_into(dy, want_c.to(device), want_s.to(device), spec, case.k, out)
+    be.gemm_dequant_prologue_into(dy, want_c.to(device), want_s.to(device), spec, case.k, out, mul_d)
     be.synchronize(device)
     nn = _nan_mismatch(out, ref)
     sq, floor = sqnr_db(out, ref), sqnr_floor(dy.dtype)
     details = [f"output NaN pattern differs at {nn} elements" if nn else "",
                f"output SQNR {sq:.1f} dB < floor {floor} dB" if sq < floor else ""]
-    rec.update(mismatches=nn, numel=out.numel(), sqnr_db=round(sq, 2), sqnr_floor_db=floor)
+    nb = 0
+    if case.special == "identity":  # the operand itself, bit for bit (a GEMM sum cannot keep -0: +0 it)
+        nb, db = _bits_mismatch((out.cpu() + 0.0).view(torch.int16), (b[:case.n] + 0.0).contiguous().view(torch.int16))
+        details.append(f"operand bits: {nb} mismatches, {db}" if nb else "")
+    rec.update(mismatches=nn + nb, numel=out.numel(), sqnr_db=round(sq, 2), sqnr_floor_db=floor)
     rec["verdict"] = "pass" if not any(details) else "fail"
     rec["detail"] = "; ".join(d for d in details if d)
 

@@ -8,6 +8,9 @@
 * :func:`gemm_dequant_prologue_kernel` — ``dW = dYᵀ · D(X)`` where X [M, K] is kept quantized: the
   B-operand tile is decoded and scaled in registers (fp32 ``decode(code) * scale``, one RNE rounding to
   dY's dtype — the same operand values the unfused ``dequantize`` would materialise), never written out.
+  Optionally ``dW = dYᵀ · (m ⊙ D(X))`` with a dense m: LAAQ's down-projection weight gradient, whose input
+  ``h = act(gate) * up`` is rebuilt from the kept ``up`` and ``m = act(gate)`` (the product rounded once to
+  16 bits, as torch's ``m * x`` rounds it), so ``h`` is never written out either.
 
 The codec works on tiles of whole blocks, each row carrying its *global* block index (agoq_cuda.fusion.codec,
 built on the shared element-wise contract helpers of agoq_triton_kernels.codes).
@@ -153,9 +156,10 @@ def gemm_quant_epilogue_kernel(
     tl.store(scales_ptr + rows, scale, mask=ok)
 
 
-# ---- backward: dW = dYᵀ · D(X) ------------------------------------------------------------------------
+# ---- backward: dW = dYᵀ · (m ⊙ D(X)) ------------------------------------------------------------------
 @triton.jit
-def _pro_step(g_ptr, codes_ptr, scales_ptr, lut_ptr, acc, mt, M, K, rn, jb, stride_gm, stride_gn,
+def _pro_step(g_ptr, codes_ptr, scales_ptr, lut_ptr, m_ptr, acc, mt, M, K, rn, rk, jb, stride_gm, stride_gn,
+              stride_mm, stride_mk, HAS_MUL: tl.constexpr,
               FLOAT: tl.constexpr, INTERP: tl.constexpr, KIND: tl.constexpr, BITS: tl.constexpr,
               BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
               NF4_LUT: tl.constexpr):
@@ -170,29 +174,27 @@ def _pro_step(g_ptr, codes_ptr, scales_ptr, lut_ptr, acc, mt, M, K, rn, jb, stri
     ok = ok_r[:, None] & (jb[None, :] < K // BLOCK)
     d = dequantize_rows(codes_ptr, scales_ptr, lut_ptr, tl.reshape(g, (BLOCK_R * NBT,)),
                         tl.reshape(ok, (BLOCK_R * NBT,)), BLOCK_R * NBT, KIND, BITS, BLOCK, NF4_LUT)
-    d = tl.reshape(d, (BLOCK_R, BLOCK_K))
     # The unfused path dequantizes to dY's dtype (one RNE rounding) before the GEMM: same operand here.
+    b16, b = _round16(tl.reshape(d, (BLOCK_R, BLOCK_K)), FLOAT, INTERP)
+    if HAS_MUL:
+        # m ⊙ D(X) as torch multiplies two 16-bit tensors: fp32 product, one RNE rounding.
+        m = _load16(m_ptr + rr[:, None] * stride_mm + rk[None, :] * stride_mk, ok_r[:, None], FLOAT, INTERP, True)
+        b16, b = _round16(m.to(tl.float32) * b, FLOAT, INTERP)
     if INTERP:
-        if FLOAT == 1:
-            b = bf16_bits_to_f32(f32_to_bf16_bits(d))
-        else:
-            b = d.to(tl.float16).to(tl.float32)
+        return tl.dot(a, b, acc)  # exact fp32 values of the 16-bit operands (its bf16 dot is broken)
     else:
-        if FLOAT == 1:
-            b = d.to(tl.bfloat16)
-        else:
-            b = d.to(tl.float16)
-    return tl.dot(a, b, acc)
+        return tl.dot(a, b16, acc)
 
 
 @triton.jit
 def gemm_dequant_prologue_kernel(
-        g_ptr, codes_ptr, scales_ptr, lut_ptr, out_ptr,
-        M, N, K, stride_gm, stride_gn, M_KEY,
-        FLOAT: tl.constexpr, INTERP: tl.constexpr,
+        g_ptr, codes_ptr, scales_ptr, lut_ptr, m_ptr, out_ptr,
+        M, N, K, stride_gm, stride_gn, stride_mm, stride_mk, M_KEY,
+        HAS_MUL: tl.constexpr, FLOAT: tl.constexpr, INTERP: tl.constexpr,
         KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, NF4_LUT: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, GROUP_M: tl.constexpr):
-    """dY [M, N] (any strides), X = D(codes, scales) [M, K] row-major -> out [N, K] contiguous, dY's dtype.
+    """dY [M, N] (any strides), X = D(codes, scales) [M, K] row-major, optional m [M, K] (any strides, dY's
+    dtype) -> out [N, K] contiguous in dY's dtype: dYᵀ · X, or dYᵀ · (m ⊙ X) with HAS_MUL.
 
     The reduction runs over the M rows (tokens). Preconditions (launcher): BLOCK is a power of two that
     divides K and BLOCK_K; M * K and M * N < 2**31."""
@@ -200,19 +202,22 @@ def gemm_dequant_prologue_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     rn = offs_n % N
+    rk = offs_k % K
     jb = pid_k * (BLOCK_K // BLOCK) + tl.arange(0, BLOCK_K // BLOCK)  # the tile's block columns of X
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     m_tiles = tl.cdiv(M, BLOCK_R)
     if INTERP:
         mt = 0
         while mt < m_tiles:
-            acc = _pro_step(g_ptr, codes_ptr, scales_ptr, lut_ptr, acc, mt, M, K, rn, jb, stride_gm,
-                            stride_gn, FLOAT, INTERP, KIND, BITS, BLOCK, BLOCK_N, BLOCK_K, BLOCK_R, NF4_LUT)
+            acc = _pro_step(g_ptr, codes_ptr, scales_ptr, lut_ptr, m_ptr, acc, mt, M, K, rn, rk, jb, stride_gm,
+                            stride_gn, stride_mm, stride_mk, HAS_MUL, FLOAT, INTERP, KIND, BITS, BLOCK, BLOCK_N,
+                            BLOCK_K, BLOCK_R, NF4_LUT)
             mt += 1
     else:
         for mt in range(0, m_tiles):
-            acc = _pro_step(g_ptr, codes_ptr, scales_ptr, lut_ptr, acc, mt, M, K, rn, jb, stride_gm,
-                            stride_gn, FLOAT, INTERP, KIND, BITS, BLOCK, BLOCK_N, BLOCK_K, BLOCK_R, NF4_LUT)
+            acc = _pro_step(g_ptr, codes_ptr, scales_ptr, lut_ptr, m_ptr, acc, mt, M, K, rn, rk, jb, stride_gm,
+                            stride_gn, stride_mm, stride_mk, HAS_MUL, FLOAT, INTERP, KIND, BITS, BLOCK, BLOCK_N,
+                            BLOCK_K, BLOCK_R, NF4_LUT)
     out_st, _ = _round16(acc, FLOAT, INTERP)
     tl.store(out_ptr + offs_n[:, None] * K + offs_k[None, :], out_st,
              mask=(offs_n[:, None] < N) & (offs_k[None, :] < K))

@@ -152,8 +152,9 @@ def epilogue_unsupported(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     return _block_reason(spec, weight.shape[0], "N (output features)")
 
 
-def prologue_unsupported(grad: torch.Tensor, spec: FormatSpec, k: int) -> str | None:
-    """Why ``dW = gradᵀ · D(X)`` (X: M x k, kept in ``spec``) cannot run fused here (None: it can)."""
+def prologue_unsupported(grad: torch.Tensor, spec: FormatSpec, k: int, mul: torch.Tensor | None = None) -> str | None:
+    """Why ``dW = gradᵀ · (mul ⊙ D(X))`` (X: M x k kept in ``spec``; ``mul`` optional, [M, k]) cannot run
+    fused here (None: it can)."""
     dev = _expected_device()
     if grad.device.type != dev:
         return f"grad is on {grad.device}, the fused kernels run on {dev} tensors"
@@ -162,6 +163,13 @@ def prologue_unsupported(grad: torch.Tensor, spec: FormatSpec, k: int) -> str | 
     if grad.dim() < 1 or grad.shape[-1] == 0 or k <= 0:
         return "empty N or K"
     m = grad.numel() // grad.shape[-1]
+    if mul is not None:
+        if mul.device != grad.device or mul.dtype != grad.dtype:
+            return f"mul is {mul.dtype} on {mul.device}, grad is {grad.dtype} on {grad.device}"
+        if mul.numel() != m * k or mul.shape[-1] != k:
+            return f"mul has shape {tuple(mul.shape)}, want {m} rows of {k}"
+        if _span(mul.reshape(-1, k)) > _MAX_INDEX:
+            return "mul spans more than 2**31 elements"
     if m * k > _MAX_INDEX or _span(grad) > _MAX_INDEX or grad.shape[-1] * k > _MAX_INDEX:
         return (f"M={m}, N={grad.shape[-1]}, K={k} need offsets beyond int32 (M*K, M*N and N*K must stay "
                 f"below 2**31)")
@@ -214,7 +222,7 @@ def _tuned(kind: str):
         return triton.autotune(configs=_triton_configs(kind), key=["M_KEY", "N", "K", "KIND", "BITS", "BLOCK",
                                                                     "HAS_BIAS"],
                                prune_configs_by={"early_config_prune": _prune("BLOCK_N")})(fn)
-    return triton.autotune(configs=_triton_configs(kind), key=["M_KEY", "N", "K", "KIND", "BITS", "BLOCK"],
+    return triton.autotune(configs=_triton_configs(kind), key=["M_KEY", "N", "K", "KIND", "BITS", "BLOCK", "HAS_MUL"],
                            prune_configs_by={"early_config_prune": _prune("BLOCK_K")})(K.gemm_dequant_prologue_kernel)
 
 
@@ -268,12 +276,15 @@ def gemm_quant_epilogue_into(x: torch.Tensor, weight: torch.Tensor, bias: torch.
 
 # ---- backward ------------------------------------------------------------------------------------------
 def gemm_dequant_prologue_into(grad: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, spec: FormatSpec,
-                               k: int, out: torch.Tensor, *, config: TileConfig | None = None) -> None:
-    """out[N, K] = round(grad[M, N]ᵀ @ D(codes, scales)[M, K]), D rounded to grad's dtype first (as the
-    unfused path materialises it). ``grad`` may have any strides; ``out`` must be contiguous."""
-    if grad.dim() != 2:
-        raise ValueError(f"gemm_dequant_prologue_into: grad must be 2-D [M, N], got shape {tuple(grad.shape)}")
-    reason = prologue_unsupported(grad, spec, k)
+                               k: int, out: torch.Tensor, mul: torch.Tensor | None = None, *,
+                               config: TileConfig | None = None) -> None:
+    """out[N, K] = round(grad[M, N]ᵀ @ B) with B = D(codes, scales)[M, K] rounded to grad's dtype (as the
+    unfused path materialises it), or B = round(mul ⊙ that) when ``mul`` [M, K] is given (as torch's
+    16-bit ``mul * x`` rounds it). ``grad`` and ``mul`` may have any strides; ``out`` must be contiguous."""
+    if grad.dim() != 2 or (mul is not None and mul.dim() != 2):
+        raise ValueError(f"gemm_dequant_prologue_into: grad [M, N] and mul [M, K] must be 2-D, got "
+                         f"{tuple(grad.shape)} and {None if mul is None else tuple(mul.shape)}")
+    reason = prologue_unsupported(grad, spec, k, mul)
     if reason:
         raise ValueError(f"gemm_dequant_prologue_into: cannot fuse: {reason}")
     m, n = grad.shape
@@ -285,9 +296,12 @@ def gemm_dequant_prologue_into(grad: torch.Tensor, codes: torch.Tensor, scales: 
         out.zero_()  # an empty sum
         return
     interp = is_interpreted()
-    args = (_kernel_view(grad), codes.view(torch.int8), scales, _nf4_lut(grad.device), _kernel_view(out),
-            m, n, k, grad.stride(0), grad.stride(1), _pow2_at_least(m))
-    common = dict(FLOAT=_FLOAT[grad.dtype], INTERP=interp, NF4_LUT=True, **_format_args(spec))
+    mv = _kernel_view(mul) if mul is not None else _kernel_view(grad)
+    args = (_kernel_view(grad), codes.view(torch.int8), scales, _nf4_lut(grad.device), mv, _kernel_view(out),
+            m, n, k, grad.stride(0), grad.stride(1), mul.stride(0) if mul is not None else 0,
+            mul.stride(1) if mul is not None else 0, _pow2_at_least(m))
+    common = dict(HAS_MUL=mul is not None, FLOAT=_FLOAT[grad.dtype], INTERP=interp, NF4_LUT=True,
+                  **_format_args(spec))
     cfg = config or (_INTERP_PROLOGUE if interp else _GPU_SMALL if m * n * k < _TUNE_MIN_MNK else None)
     if cfg is None:
         _tuned("prologue")[lambda meta: (triton_cdiv(n, meta["BLOCK_N"]) * triton_cdiv(k, meta["BLOCK_K"]),)](

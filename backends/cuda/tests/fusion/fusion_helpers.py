@@ -36,11 +36,11 @@ def fused_backend():
         def gemm_quant_epilogue_into(self, x, weight, bias, spec, out, codes, scales):
             launch.gemm_quant_epilogue_into(x, weight, bias, spec, out, codes, scales)
 
-        def gemm_dequant_prologue_unsupported(self, grad, spec, k):
-            return launch.prologue_unsupported(grad, spec, k)
+        def gemm_dequant_prologue_unsupported(self, grad, spec, k, mul=None):
+            return launch.prologue_unsupported(grad, spec, k, mul)
 
-        def gemm_dequant_prologue_into(self, grad, codes, scales, spec, k, out):
-            launch.gemm_dequant_prologue_into(grad, codes, scales, spec, k, out)
+        def gemm_dequant_prologue_into(self, grad, codes, scales, spec, k, out, mul=None):
+            launch.gemm_dequant_prologue_into(grad, codes, scales, spec, k, out, mul)
 
     return FusedCudaBackend(interpreted=be.interpreted)
 

@@ -20,7 +20,7 @@ def test_bench_tiny_writes_table_and_json(tmp_path, capsys, device):
     report = mod.main(["--tiny", "--tokens", "64", "--json", str(out)])
     data = json.loads(out.read_text())
     assert data == json.loads(json.dumps(report))
-    assert {r["gemm"] for r in data["rows"]} == {"fc1_epilogue", "oproj_dw_prologue", "fc1_dw_prologue"}
+    assert {r["gemm"] for r in data["rows"]} == {"fc1_epilogue", "down_dw_gated", "oproj_dw_prologue", "fc1_dw_prologue"}
     assert data["summary"]["all_codes_bit_exact"] is True
     for r in data["rows"]:
         assert r["fused_ms"] > 0 and r["unfused_ms"] > 0 and r["plain_ms"] > 0

@@ -30,8 +30,8 @@ def test_a_corrupted_code_or_a_noisy_gemm_fails(device, monkeypatch):
         real_epi(x, w, b, spec, out, codes, scales, **kw)
         codes.view(-1)[codes.numel() // 2] ^= 1           # one bit of one code
 
-    def one_bf16_ulp_per_element(grad, codes, scales, spec, k, out, **kw):
-        real_pro(grad, codes, scales, spec, k, out, **kw)
+    def one_bf16_ulp_per_element(grad, codes, scales, spec, k, out, mul=None, **kw):
+        real_pro(grad, codes, scales, spec, k, out, mul, **kw)
         bits = out.view(torch.int16)
         bits.add_(torch.randint(-40, 40, bits.shape, device=bits.device, dtype=torch.int16))  # ~40 ulp noise
 

@@ -95,3 +95,41 @@ def test_leading_dims_must_match(device):
     with pytest.raises(TypeError, match="QuantizedTensor"):
         gemm_dequant_prologue(dy, torch.zeros(10, 128))
 
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "f16"])
+@pytest.mark.parametrize("fmt", ["int4", "nf4", "int6"])
+def test_gated_weight_grad_within_floor(fmt, dtype, device):
+    # LAAQ's down projection: h = act(gate) * up rebuilt from the kept `up` and m = act(gate).
+    dy, q, q_cpu = _inputs(70, 40, 256, dtype, fmt, seed=3 * len(fmt), device=device)
+    g = torch.Generator().manual_seed(99)
+    m = torch.nn.functional.silu(torch.randn(70, 256, generator=g) * 2).to(dtype)
+    out = gemm_dequant_prologue(dy, q, mul=m.to(device))
+    d = ref.dequantize_blocks(q_cpu.codes, q_cpu.scales, q_cpu.spec, q_cpu.numel, dtype).view(70, 256)
+    h = m * d                                     # torch's 16-bit product (the unfused operand)
+    want = ref_weight_grad(dy, h)
+    s = sqnr_db(out, want)
+    assert s >= sqnr_floor(dtype), f"dW SQNR {s:.1f} dB"
+    assert s >= sqnr_db(h.t().mm(dy.cpu()).t(), want) - 1.0   # the unfused GEMM on h
+
+
+@pytest.mark.parametrize("fmt, mul", [("int4", False), ("fp4_e2m1", False), ("int5", True), ("nf4", True),
+                                      ("int8", True)])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "f16"])
+def test_identity_grad_exposes_the_operand_bit_for_bit(fmt, mul, dtype, device):
+    # dY = I: each dW element is one product with 1 plus zeros, exact in fp32, so dW = B exactly — the
+    # prologue's operand must equal the unfused path's materialised operand in every bit.
+    m, k = 48, 256
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(m, k, generator=g) * 3).to(dtype)
+    x[3, :128] = torch.linspace(-7, 7, 128).to(dtype) * 2.0**-4     # exact int4 grid points and ties
+    q_cpu = agoq_core.quantize(x, fmt, backend="reference")
+    b = ref.dequantize_blocks(q_cpu.codes, q_cpu.scales, q_cpu.spec, q_cpu.numel, dtype).view(m, k)
+    mm = torch.nn.functional.silu(torch.randn(m, k, generator=g) * 2).to(dtype) if mul else None
+    if mul:
+        b = mm * b
+    eye = torch.eye(m, dtype=dtype, device=device)
+    cfg = TileConfig(block_m=16, block_n=128, block_k=16, num_warps=4, num_stages=2)
+    out = gemm_dequant_prologue(eye, q_cpu.to(device), mul=mm.to(device) if mul else None, config=cfg)
+    # The only freedom: a GEMM sum turns -0 into +0 (0 + -0 = +0), so compare with zeros made positive.
+    assert torch.equal((out.cpu() + 0.0).view(torch.int16), (b + 0.0).view(torch.int16))
