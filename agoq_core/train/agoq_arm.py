@@ -51,19 +51,22 @@ def laaq_policy(name: str):
     return RECIPES[name].laaq(laaq.LAAQConfig)
 
 
-def quangrad_config(name: str, cfg: TrainConfig, group: Any = None):
+def quangrad_config(name: str, cfg: TrainConfig, group: Any = None, *, clip: bool = True):
     qg = _import("agoq_core.quangrad", "QuanGrad (8-bit gradients)")
-    return qg.QuanGradConfig(**RECIPES[name].quangrad, max_grad_norm=cfg.grad_clip or None, group=group)
+    return qg.QuanGradConfig(**RECIPES[name].quangrad, max_grad_norm=(cfg.grad_clip or None) if clip else None,
+                             group=group)
 
 
 def make_agoq_arm(name: str, model, rt: Runtime, cfg: TrainConfig, *, laaq_config: Any = None,
-                  group: Any = None) -> Arm:
+                  group: Any = None, laaq_target: Any = None, clip_in_quangrad: bool = True) -> Arm:
+    """Arm ``name`` on ``model``: LAAQ applied to ``laaq_target`` (default ``model``; a pipeline stage
+    passes the whole HF model so the final norm and LM head convert too), QuanGrad around ``model``."""
     laaq = _import("agoq_core.laaq", "LAAQ (activation quantization)")
     qg_mod = _import("agoq_core.quangrad", "QuanGrad (8-bit gradients)")
     policy = laaq_config if laaq_config is not None else laaq_policy(name)
-    qcfg = quangrad_config(name, cfg, group)
+    qcfg = quangrad_config(name, cfg, group, clip=clip_in_quangrad)
     arm = Arm(name=name, model=model, rt=rt, cfg=cfg)
-    arm.laaq_report = laaq.apply(model, policy)
+    arm.laaq_report = laaq.apply(laaq_target if laaq_target is not None else model, policy)
     try:
         wrapper = qg_mod.QuanGradDDP(model, lambda ps: _adamw(ps, cfg, cfg.agoq_optimizer), config=qcfg)
     except BaseException:

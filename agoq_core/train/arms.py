@@ -106,6 +106,9 @@ class Arm:
         self.optimizer.zero_grad(set_to_none=True)
         return norm_f, skipped
 
+    def before_eval(self) -> None:
+        """Make ``self.model`` whole on this rank before evaluation (pipeline arms gather stages)."""
+
     def optimizer_state_bytes(self) -> int:
         return optimizer_state_bytes(self.optimizer)
 
@@ -145,6 +148,10 @@ def _baseline(model: torch.nn.Module, rt: Runtime, cfg: TrainConfig) -> Arm:
 
 def make_arm(name: str, model: torch.nn.Module, rt: Runtime, cfg: TrainConfig) -> Arm:
     """Set up arm ``name`` around ``model`` (already on rt.device). Raises ArmUnavailable if it cannot run."""
+    if cfg.pp > 1:
+        from agoq_core.train.pipeline import make_pipeline_arm
+
+        return make_pipeline_arm(name, model, rt, cfg)
     if name == "baseline":
         return _baseline(model, rt, cfg)
     from agoq_core.train.agoq_arm import make_agoq_arm

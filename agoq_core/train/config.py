@@ -117,6 +117,11 @@ class TrainConfig:
             raise ConfigError(
                 f"nproc ({self.nproc}) must be a multiple of pp ({self.pp}): nproc = pp * data-parallel size"
             )
+        if self.pp > 1 and self.dp > 1:
+            raise ConfigError(
+                f"--pp {self.pp} with --nproc {self.nproc} would mean {self.dp} data-parallel pipeline replicas, "
+                f"which agoq train does not run yet; use --nproc {self.pp}"
+            )
         if self.pp_schedule not in ("gpipe", "1f1b", "interleaved-1f1b"):
             raise ConfigError(f"pp_schedule must be gpipe, 1f1b or interleaved-1f1b, got {self.pp_schedule!r}")
         if self.pp > 1 and self.pp_microbatches and self.pp_microbatches < self.pp:

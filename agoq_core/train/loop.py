@@ -40,6 +40,7 @@ class ArmResult:
     train_seconds: float = 0.0
     memory: dict[str, int | None] = field(default_factory=dict)
     activation_detail: dict[str, Any] | None = None   # per layer and part, from LAAQ's meter
+    memory_per_rank: list[dict[str, Any]] | None = None  # pipeline runs: each stage's own measurements
 
     @property
     def final_val_loss(self) -> float | None:
@@ -57,6 +58,7 @@ class ArmResult:
             "final_val_loss": self.final_val_loss, "tokens_per_s": self.tokens_per_s,
             "train_seconds": self.train_seconds, "memory": dict(self.memory), "notes": list(self.notes),
             "evals": list(self.evals), "activation_detail": self.activation_detail,
+            "memory_per_rank": self.memory_per_rank,
         }
 
 
@@ -126,29 +128,31 @@ def train_arm(name: str, cfg: TrainConfig, rt: Runtime, corpus: Corpus,
         _sync(rt)
         mem_stats.reset_peak_memory_stats(rt.device)
     scale = 1.0 / cfg.grad_accum
+    # A pipeline's first step also runs the stages' shape inference: measure its second step instead.
+    measure_step = 1 if (cfg.pp > 1 and cfg.steps > 1) else 0
     timed_seconds, timed_tokens = 0.0, 0
     try:
         for step in range(cfg.steps):
             lr = lr_at(step, cfg)
             batches = corpus.step_batches(step, seed=cfg.seed, micro_batch=cfg.micro_batch,
-                                          grad_accum=cfg.grad_accum, dp=rt.world, rank=rt.rank)
+                                          grad_accum=cfg.grad_accum, dp=cfg.dp, rank=rt.rank // cfg.pp)
             _sync(rt)
             t0 = time.perf_counter()
             losses = []
             for k, batch in enumerate(batches):
                 last = k == len(batches) - 1
-                if step == 0 and k == 0:
+                if step == measure_step and k == 0:
                     losses.append(_measured_micro_batch(arm, batch, scale, last, res))
                 else:
                     losses.append(arm.forward_backward(batch, scale=scale, last=last))
-            if step == 0:
+            if step == measure_step:
                 res.memory["gradients"] = arm.grad_storage_bytes()
             grad_norm, skipped = arm.step(lr)
             _sync(rt)
             dt = time.perf_counter() - t0
-            if step == 0:
+            if step == measure_step:
                 res.memory["optimizer_state"] = arm.optimizer_state_bytes()
-            else:  # step 0 pays one-time costs (optimizer state allocation, lazy init)
+            if step > 0 and step != measure_step:  # step 0: one-time costs (optimizer state, lazy init)
                 timed_seconds += dt
                 timed_tokens += cfg.tokens_per_step
             loss = _all_reduce_sum([sum(losses) / len(losses)], rt)[0] / rt.world
@@ -160,6 +164,7 @@ def train_arm(name: str, cfg: TrainConfig, rt: Runtime, corpus: Corpus,
             if not math.isfinite(loss):
                 raise FloatingPointError(f"arm {name}: loss became {loss} at step {step + 1}")
             if (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step + 1 == cfg.steps:
+                arm.before_eval()
                 val = evaluate(arm.model, corpus, cfg, rt)
                 ev = {"kind": "eval", "arm": name, "step": step + 1, "val_loss": val,
                       "tokens": (step + 1) * cfg.tokens_per_step}
@@ -185,6 +190,8 @@ def train_arm(name: str, cfg: TrainConfig, rt: Runtime, corpus: Corpus,
     if mem_stats is not None:
         _sync(rt)
         res.memory["peak_device"] = int(mem_stats.max_memory_allocated(rt.device))
+    if hasattr(arm, "gather_memory") and res.status == "ok":
+        res.memory, res.memory_per_rank = arm.gather_memory(res.memory)
     arm.close()
     del arm, model
     gc.collect()
@@ -198,6 +205,10 @@ def _measured_micro_batch(arm, batch: torch.Tensor, scale: float, last: bool, re
     saved tensors it hears what LAAQ stores itself, including what its attention hooks keep (those
     hooks hide any outer saved_tensors_hooks). Without LAAQ our own counter measures the baseline.
     """
+    if hasattr(arm, "measured_forward_backward"):  # pipeline arms: peak over the schedule's in-flight batches
+        loss, mem = arm.measured_forward_backward(batch, scale=scale, last=last)
+        res.memory.update(mem)
+        return loss
     meter = _laaq_meter(arm.model, res)
     if meter is not None:
         return arm.forward_backward(batch, scale=scale, last=last, forward_ctx=meter)

@@ -44,9 +44,20 @@ def _rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
         ("final_val_loss", "validation loss (held-out test.txt)", "loss"),
         ("tokens_per_s", "tokens/s (all ranks)", "rate"),
     ]
+    pp = summary["config"].get("pp", 1)
     for key, label in MEMORY_ROWS:
+        if pp > 1 and key == "activations":
+            label = "activations: peak of the fullest pipeline stage"
+        elif pp > 1 and key in ("gradients", "optimizer_state"):
+            label += " (largest stage)"
         if any(_mem(a, key) is not None for a in summary["arms"] if a["status"] == "ok"):
             rows.append((f"mem:{key}", label, "bytes"))
+        if pp > 1 and key == "activations":
+            for s in range(pp):
+                for k, lbl in ((f"activations_stage{s}", f"  stage {s}, measured peak"),
+                               (f"planned_activations_stage{s}", f"  stage {s}, DBCA-PP plan")):
+                    if any(_mem(a, k) is not None for a in summary["arms"] if a["status"] == "ok"):
+                        rows.append((f"mem:{k}", lbl, "bytes"))
     return rows
 
 

@@ -148,3 +148,24 @@ def test_torchrun_launch(tmp_path):
     s = json.loads(out.stdout)                             # only rank 0 prints
     assert s["environment"]["world"] == 2
     assert json.loads((tmp_path / "tr" / "summary.json").read_text())["run_dir"] == s["run_dir"]
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_pipeline_two_stages_with_dbca_pp_plan(tmp_path):
+    """--pp 2: 1F1B over 2 gloo ranks; the AGoQ stage policies come from the DBCA-PP plan; the
+    pipelined baseline follows the 1-process baseline on the same batches."""
+    one = _run(tmp_path, "one", "--micro-batch", "4", "--no-agoq", "--no-plot")
+    pp = _run(tmp_path, "pp", "--micro-batch", "4", "--nproc", "2", "--pp", "2", "--no-plot")
+    assert [a["status"] for a in pp["arms"]] == ["ok", "ok"], [a["reason"] for a in pp["arms"]]
+    l1 = [r["loss"] for r in _steps(tmp_path / "one", "baseline")]
+    lp = [r["loss"] for r in _steps(tmp_path / "pp", "baseline")]
+    assert lp == pytest.approx(l1, rel=1e-4)
+    agoq = next(a for a in pp["arms"] if a["name"] == "agoq")
+    assert any(n.startswith("DBCA-PP plan") for n in agoq["notes"])
+    assert len(agoq["memory_per_rank"]) == 2
+    for s in range(2):
+        assert agoq["memory"][f"planned_activations_stage{s}"] > 0
+        assert 0 < agoq["memory"][f"activations_stage{s}"] < pp["arms"][0]["memory"][f"activations_stage{s}"]
+    eval_b = pp["arms"][0]["final_val_loss"]
+    assert eval_b == pytest.approx(one["arms"][0]["final_val_loss"], rel=1e-4)  # gathered stages evaluate right
