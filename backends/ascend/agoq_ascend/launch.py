@@ -3,7 +3,8 @@
 The kernel bodies are agoq_triton_kernels' (the same source the CUDA backend launches); what is Ascend
 here: one program per vector core, tiles sized to the unified buffer, lanes padded to a 32-byte tail,
 NF4 decoded with a select tree instead of a table gather (Ascend's vector unit has no cheap gather),
-and Triton-Ascend compile options (multibuffer, no fp contraction) passed only from this wrapper.
+the portable arithmetic of the bodies (HW=False: no fp8 casts, correctly rounded divisions), and
+Triton-Ascend compile options (multibuffer, no fp contraction) passed only from this wrapper.
 
 Tensors cross the boundary as the CUDA launcher does it: codes as int8 views (no uint8 arithmetic in
 kernels), bf16 as its int16 bit pattern (widened and rounded with integer logic), fp32 scales.
@@ -94,6 +95,10 @@ class Launcher:
         c["BLOCK_P"] = plan.lanes  # >= next_pow2(block): padded to a 32-byte tail, extra lanes masked
         c["ROWS"] = plan.rows
         c["RAGGED"] = ragged
+        # HW=False: FP8 and bf16 by integer logic, quotients by tl.math.div_rn. HW=True is CUDA sm_89+ only
+        # (hardware fp8/bf16 converts, an FMA-based quotient): A2/A3 have no FP8, and the FMA trick's
+        # exactness on Ascend's vector unit is unverified.
+        c["HW"] = False
         return c
 
     def _launch(self, kernel, plan: LaunchPlan, args: tuple, consts: dict) -> None:

@@ -165,10 +165,27 @@ _ALLOWED_TL = {
 }
 
 
+# constexpr switches whose True branch is CUDA-only; agoq-ascend always launches them False, so Triton
+# prunes those branches before Triton-Ascend ever sees them.
+_CUDA_ONLY_SWITCHES = {"HW", "FAST_DIV"}
+
+
+def _walk_ascend_reachable(node):
+    """ast.walk, except the True branch of ``if HW:`` / ``if FAST_DIV:``."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        if isinstance(n, ast.If) and isinstance(n.test, ast.Name) and n.test.id in _CUDA_ONLY_SWITCHES:
+            stack.extend(n.orelse)
+            continue
+        stack.extend(ast.iter_child_nodes(n))
+
+
 def _tl_attrs(module) -> set[str]:
     tree = ast.parse(inspect.getsource(module))
     found = set()
-    for node in ast.walk(tree):
+    for node in _walk_ascend_reachable(tree):
         if isinstance(node, ast.Attribute):
             base = node.value
             if isinstance(base, ast.Name) and base.id == "tl":
@@ -187,3 +204,10 @@ def test_shared_bodies_use_only_ops_and_dtypes_triton_ascend_supports():
                              "give agoq-ascend an Ascend variant or keep the bodies portable")
     src = inspect.getsource(codes) + inspect.getsource(kernels)
     assert "libdevice" not in src.replace("no libdevice", "") and "inline_asm" not in src
+
+
+def test_the_lint_sees_cuda_only_constructs_when_they_are_reachable():
+    src = "def f(x, HW):\n    if HW:\n        return x.to(tl.float8e4nv)\n    return x.to(tl.uint8)\n"
+    tree = ast.parse(src)
+    seen = {n.attr for n in _walk_ascend_reachable(tree) if isinstance(n, ast.Attribute)}
+    assert seen == {"to", "uint8"}
