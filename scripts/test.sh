@@ -13,6 +13,7 @@ export PYTHONHASHSEED=0
 for b in cuda ascend; do
   if [ -f "backends/$b/pyproject.toml" ]; then
     echo "== conformance suite on backend '$b' (Triton interpreter) =="
-    AGOQ_BACKEND=$b "${PYTEST[@]}" conformance_tests --agoq-backend "$b"
+    # AGOQ_ASCEND_INTERPRET=1: the ascend plugin's interpreter mode (Ascend launch geometry, CPU tensors)
+    AGOQ_BACKEND=$b AGOQ_ASCEND_INTERPRET=1 "${PYTEST[@]}" conformance_tests --agoq-backend "$b"
   fi
 done
