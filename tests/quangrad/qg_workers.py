@@ -155,7 +155,8 @@ def _train_qg(qg, rank, steps, micro, dtype=torch.float32, seed=3, inspect=False
         if inspect:
             before = ([c.clone() for c in qg.storage.codes], [s.clone() for s in qg.storage.scales])
             qg._finish_all()
-            after = ([c.clone() for c in qg.storage.codes], [s.clone() for s in qg.storage.scales])
+            after = ([c.clone() for c in qg.storage.codes], [s.clone() for s in qg.storage.scales],
+                     [op.shard.clone() if op.shard is not None else None for op in qg._ops])
             inspected.append((before, after))
         reports.append(qg.step())
         losses.append(tot)
@@ -205,6 +206,11 @@ def wrapper(rank: int, world: int) -> dict:
     losses, reports, insp = _train_qg(qg, rank, 1, micro, inspect=True)
     out["inspect"] = {"before": insp[0][0], "after": insp[0][1], "p0": p0, "p1": _params(qg.module),
                       "layout": qg.layout.describe(), "report": reports[0], "setup": str(qg.report)}
+    qg = make(QuanGradConfig(bucket_cap_mb=2000 / 2**20, min_compress_bytes=0, sharded=True), opt="sgd", lr=0.1)
+    p0 = _params(qg.module)
+    losses, reports, insp = _train_qg(qg, rank, 1, micro, inspect=True)
+    out["inspect_sharded"] = {"before": insp[0][0], "after": insp[0][1], "p0": p0, "p1": _params(qg.module),
+                              "layout": qg.layout.describe(), "report": reports[0]}
 
     # 2. training runs: overlap on/off, sharded, fallback, baselines, bf16 + master weights, 8-bit Adam
     variants = {
@@ -218,6 +224,8 @@ def wrapper(rank: int, world: int) -> dict:
         "naive_fp8": QuanGradConfig(collective="naive_fp8"),
         "fp32": QuanGradConfig(collective="fp32"),
         "bf16": QuanGradConfig(collective="bf16"),
+        "sharded_fallback": QuanGradConfig(bucket_cap_mb=3000 / 2**20, min_compress_bytes=8000, sharded=True),
+        "sharded_naive_fp8": QuanGradConfig(collective="naive_fp8", sharded=True),
     }
     for name, cfg in variants.items():
         qg = make(cfg)

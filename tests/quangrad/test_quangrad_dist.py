@@ -174,6 +174,30 @@ def test_wrapper_reduces_exactly_the_8bit_gradients(wrap2):
                                                      for b in lay["buckets"])
 
 
+def test_sharded_wrapper_keeps_the_fp32_sum_shard_and_gathers_parameters(wrap2):
+    """ZeRO-1 mode, one window, SGD(lr=0.1): rank r's shard of bucket b is elements [r*C, (r+1)*C) of
+    D(local_0) + D(local_1) (fp32, no requantization), storage untouched, and after the parameter
+    all-gather every rank holds p - lr * sum / 2."""
+    spec = resolve_spec("fp8_e4m3", None)
+    ins = [wrap2[r]["inspect_sharded"] for r in range(2)]
+    lay = ins[0]["layout"]
+    assert lay["sharded"] and len(lay["buckets"]) == 4
+    full = {}
+    for b in lay["buckets"]:
+        bi, c = b["index"], b["numel"] // 2
+        total = ref_codes_to_fp32(ins[0]["before"], bi, spec) + ref_codes_to_fp32(ins[1]["before"], bi, spec)
+        for r in range(2):
+            assert qg_ref.bits_equal(ins[r]["after"][2][bi], total[r * c:(r + 1) * c]), (bi, r)
+            assert torch.equal(ins[r]["after"][0][bi], ins[r]["before"][0][bi])
+        full[bi] = total
+        for name, shape, _, off in b["params"]:
+            n = torch.Size(shape).numel()
+            want = ins[0]["p0"][name] - 0.1 * (total[off:off + n] / 2).view(shape)
+            torch.testing.assert_close(ins[0]["p1"][name], want, rtol=1e-6, atol=1e-7)
+    assert _same_params(ins[0]["p1"], ins[1]["p1"])
+    assert ins[0]["report"].wire_bytes == sum(b["numel"] // 2 + 4 * b["numel"] // 2 // 256 for b in lay["buckets"])
+
+
 def ref_codes_to_fp32(storage, bi, spec):
     from agoq_core.formats import reference as ref
     codes, scales = storage[0][bi], storage[1][bi]
@@ -181,7 +205,7 @@ def ref_codes_to_fp32(storage, bi, spec):
 
 
 VARIANTS = ("overlap", "no_overlap", "sharded", "fallback", "clip", "e5m2", "int8", "naive_fp8", "fp32", "bf16",
-            "bf16_master", "adamw8bit")
+            "sharded_fallback", "sharded_naive_fp8", "bf16_master", "adamw8bit")
 
 
 @pytest.mark.parametrize("name", VARIANTS)
