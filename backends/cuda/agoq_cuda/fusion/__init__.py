@@ -22,7 +22,7 @@ __all__ = ["gemm_quant_epilogue", "gemm_dequant_prologue"]
 
 def gemm_quant_epilogue(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                         fmt: str | FormatSpec = "int4", block: int | None = None,
-                        config=None) -> tuple[torch.Tensor, QuantizedTensor]:
+                        config=None, kernel: str | None = None) -> tuple[torch.Tensor, QuantizedTensor]:
     """``y = x @ weightᵀ + bias`` (shape ``x.shape[:-1] + (N,)``, x's dtype) and ``quantize(y, fmt)``, fused.
 
     Raises ValueError with the reason when the call cannot be fused (see launch.epilogue_unsupported)."""
@@ -35,7 +35,7 @@ def gemm_quant_epilogue(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     numel = y.numel()
     codes = torch.empty(spec.code_bytes(numel), dtype=torch.uint8, device=x.device)
     scales = torch.empty(spec.num_blocks(numel), dtype=torch.float32, device=x.device)
-    launch.gemm_quant_epilogue_into(x2, weight, bias, spec, y, codes, scales, config=config)
+    launch.gemm_quant_epilogue_into(x2, weight, bias, spec, y, codes, scales, config=config, kernel=kernel)
     y = y.view(*x.shape[:-1], n)
     return y, QuantizedTensor(codes, scales, y.shape, y.dtype, spec)
 

@@ -31,6 +31,7 @@ def _variants(quick: bool):
         spec = get_format(fmt)
         for c in cfgs:
             out.append(("epilogue", spec, c, "bf16"))
+            out.append(("epilogue-tma", spec, c, "bf16"))
             out.append(("prologue", spec, c, "bf16"))
             out.append(("prologue+mul", spec, c, "bf16"))
     if not quick:
@@ -56,6 +57,14 @@ def _compile(kind, spec, cfg, dtype, arch):
                "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "M_KEY": "i32"}
         const = dict(stride_xk=1, stride_wk=1, HAS_BIAS=False, FLOAT=flt, INTERP=False, QMAX=float(spec.qmax), **fmt,
                      BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, EVEN_K=True)
+    elif kind == "epilogue-tma":
+        fn = K.gemm_quant_epilogue_tma_kernel
+        el = p16[1:]
+        sig = {"x_desc": f"tensordesc<{el}[{cfg.block_m},{cfg.block_k}]>",
+               "w_desc": f"tensordesc<{el}[{cfg.block_n},{cfg.block_k}]>", "b_ptr": p16, "y_ptr": p16,
+               "codes_ptr": "*i8", "scales_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "M_KEY": "i32"}
+        const = dict(HAS_BIAS=False, FLOAT=flt, INTERP=False, QMAX=float(spec.qmax), **fmt, BLOCK_M=cfg.block_m,
+                     BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, NUM_PROGRAMS=132)
     else:
         fn = K.gemm_dequant_prologue_kernel
         sig = {"g_ptr": p16, "codes_ptr": "*i8", "scales_ptr": "*fp32", "lut_ptr": "*fp32", "m_ptr": p16,
@@ -65,7 +74,7 @@ def _compile(kind, spec, cfg, dtype, arch):
                      NF4_LUT=True, **fmt,
                      BLOCK_N=cfg.block_m, BLOCK_K=cfg.block_n, BLOCK_R=cfg.block_k, GROUP_M=cfg.group_m)
     # Triton's JIT marks 16-byte-aligned pointers and ints divisible by 16 (every LLaMA size) like this.
-    attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in sig}
+    attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in sig if not sig[k].startswith("tensordesc")}
     for k in const:
         sig[k] = "constexpr"
     src = ASTSource(fn, {k: sig[k] for k in fn.arg_names}, const, attrs)

@@ -76,7 +76,8 @@ def fusion_cases() -> list[FusionCase]:
     cases: list[FusionCase] = []
     fmts = ("int4", "fp4_e2m1", "nf4", "int5", "int6", "int8")
     for fmt in fmts:
-        cases.append(FusionCase(op="gemm_quant_epilogue", fmt=fmt, block=128, dtype="bf16", m=37, n=384, k=80, bias=True))
+        cases.append(FusionCase(op="gemm_quant_epilogue", fmt=fmt, block=128, dtype="bf16", m=37, n=384, k=80,
+                                bias=True))
         cases.append(FusionCase(op="gemm_dequant_prologue", fmt=fmt, block=128, dtype="bf16", m=75, n=48, k=256))
     for special in ("nan", "zeros", "tiny"):
         cases.append(FusionCase(op="gemm_quant_epilogue", fmt="int4", block=128, dtype="bf16", m=20, n=256, k=64,
@@ -164,7 +165,8 @@ def _run_epilogue(case: FusionCase, be, device: torch.device, rec: dict) -> None
     b = b.to(device) if b is not None else None
     reason = be.gemm_quant_epilogue_unsupported(x, w, b, spec)
     if reason:
-        rec.update(verdict="fail", detail=f"backend claims gemm_quant_epilogue but declined a documented case: {reason}")
+        rec.update(verdict="fail",
+                   detail=f"backend claims gemm_quant_epilogue but declined a documented case: {reason}")
         return
     n = case.m * case.n
     y = torch.empty(case.m, case.n, dtype=x.dtype, device=device)
@@ -198,7 +200,8 @@ def _run_prologue(case: FusionCase, be, device: torch.device, rec: dict) -> None
     mul_d = mul.to(device) if mul is not None else None
     reason = be.gemm_dequant_prologue_unsupported(dy, spec, case.k, mul_d)
     if reason:
-        rec.update(verdict="fail", detail=f"backend claims gemm_dequant_prologue but declined a documented case: {reason}")
+        rec.update(verdict="fail",
+                   detail=f"backend claims gemm_dequant_prologue but declined a documented case: {reason}")
         return
     out = torch.empty(case.n, case.k, dtype=dy.dtype, device=device)
     be.gemm_dequant_prologue_into(dy, want_c.to(device), want_s.to(device), spec, case.k, out, mul_d)
@@ -209,7 +212,8 @@ def _run_prologue(case: FusionCase, be, device: torch.device, rec: dict) -> None
                f"output SQNR {sq:.1f} dB < floor {floor} dB" if sq < floor else ""]
     nb = 0
     if case.special == "identity":  # the operand itself, bit for bit (a GEMM sum cannot keep -0: +0 it)
-        nb, db = _bits_mismatch((out.cpu() + 0.0).view(torch.int16), (b[:case.n] + 0.0).contiguous().view(torch.int16))
+        nb, db = _bits_mismatch((out.cpu() + 0.0).view(torch.int16),
+                                (b[:case.n] + 0.0).contiguous().view(torch.int16))
         details.append(f"operand bits: {nb} mismatches, {db}" if nb else "")
     rec.update(mismatches=nn + nb, numel=out.numel(), sqnr_db=round(sq, 2), sqnr_floor_db=floor)
     rec["verdict"] = "pass" if not any(details) else "fail"

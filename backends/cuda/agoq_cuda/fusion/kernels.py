@@ -130,7 +130,21 @@ def gemm_quant_epilogue_kernel(
         for kt in range(0, k_tiles):
             acc = _epi_step(x_ptr, w_ptr, acc, kt, K, rm, rn, stride_xm, stride_xk, stride_wn, stride_wk,
                             BLOCK_K, EVEN_K, FLOAT, INTERP)
+    _bias_round_store_quantize(acc, pid_m, pid_n, M, N, b_ptr, y_ptr, codes_ptr, scales_ptr, HAS_BIAS, FLOAT, INTERP,
+                               KIND, BITS, BLOCK, QMAX, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _bias_round_store_quantize(acc, pid_m, pid_n, M, N, b_ptr, y_ptr, codes_ptr, scales_ptr,
+                               HAS_BIAS: tl.constexpr, FLOAT: tl.constexpr, INTERP: tl.constexpr,
+                               KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, QMAX: tl.constexpr,
+                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The epilogue of both forward kernels: + bias, round to y's dtype, store y, quantize the stored values,
+    store codes and scales (tile rows/columns outside [M, N] hold garbage and are not stored)."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if HAS_BIAS:
+        rn = offs_n % N
         if INTERP and FLOAT == 1:
             bias = bf16_bits_to_f32(tl.load(b_ptr + rn))
         else:
@@ -144,7 +158,7 @@ def gemm_quant_epilogue_kernel(
     tl.store(y_ptr + offs_m[:, None] * N + offs_n[None, :], y_st, mask=ok_m[:, None] & ok_n[None, :])
 
     # Quantize the stored values. Tile row r, block j is global block g = row * (N / BLOCK) + col0 / BLOCK + j;
-    # blocks of out-of-range rows or columns are computed on wrapped data and not stored.
+    # blocks of out-of-range rows or columns are not stored.
     NBT: tl.constexpr = BLOCK_N // BLOCK
     jb = pid_n * NBT + tl.arange(0, NBT)
     g = offs_m[:, None] * (N // BLOCK) + jb[None, :]
@@ -154,6 +168,60 @@ def gemm_quant_epilogue_kernel(
     codes, scale = quantize_rows(tl.reshape(y32, (BLOCK_M * NBT, BLOCK)), KIND, BITS, QMAX)
     store_packed(codes_ptr, codes, rows, ok, BLOCK_M * NBT, BITS, BLOCK)
     tl.store(scales_ptr + rows, scale, mask=ok)
+
+
+# ---- forward, persistent and TMA-fed (Hopper): the same epilogue ----------------------------------------
+@triton.jit
+def _tma_tile(x_desc, w_desc, b_ptr, y_ptr, codes_ptr, scales_ptr, tile, M, N, K,
+              HAS_BIAS: tl.constexpr, FLOAT: tl.constexpr, INTERP: tl.constexpr,
+              KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, QMAX: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    pid_m, pid_n = _grouped_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    # TMA zero-fills reads outside [M, K] / [N, K]: ragged edges need no masks and add exact zeros.
+    if INTERP:
+        kt = 0
+        while kt < k_tiles:
+            a = x_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
+            b = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
+            if FLOAT == 1:
+                a = bf16_bits_to_f32(a)
+                b = bf16_bits_to_f32(b)
+            acc = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), acc)
+            kt += 1
+    else:
+        for kt in range(0, k_tiles):
+            a = x_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
+            b = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
+            acc = tl.dot(a, tl.trans(b), acc)
+    _bias_round_store_quantize(acc, pid_m, pid_n, M, N, b_ptr, y_ptr, codes_ptr, scales_ptr, HAS_BIAS, FLOAT, INTERP,
+                               KIND, BITS, BLOCK, QMAX, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def gemm_quant_epilogue_tma_kernel(
+        x_desc, w_desc, b_ptr, y_ptr, codes_ptr, scales_ptr, M, N, K, M_KEY,
+        HAS_BIAS: tl.constexpr, FLOAT: tl.constexpr, INTERP: tl.constexpr,
+        KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, QMAX: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        NUM_PROGRAMS: tl.constexpr):
+    """The forward kernel as a persistent loop over output tiles with TMA operand loads: x_desc [M, K] and
+    w_desc [N, K] are tensor descriptors (contiguous rows, 16-byte aligned) with block shapes
+    [BLOCK_M, BLOCK_K] and [BLOCK_N, BLOCK_K]. NUM_PROGRAMS programs (one per SM) take tiles
+    p, p + NUM_PROGRAMS, ...; on GPU the tile and K loops are flattened into one software pipeline, so the
+    next tile's loads are in flight while this tile's epilogue (rounding, quantization, stores) runs."""
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    if INTERP:
+        tile = tl.program_id(0)
+        while tile < num_tiles:
+            _tma_tile(x_desc, w_desc, b_ptr, y_ptr, codes_ptr, scales_ptr, tile, M, N, K, HAS_BIAS, FLOAT, INTERP,
+                      KIND, BITS, BLOCK, QMAX, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+            tile += NUM_PROGRAMS
+    else:
+        for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=True):
+            _tma_tile(x_desc, w_desc, b_ptr, y_ptr, codes_ptr, scales_ptr, tile, M, N, K, HAS_BIAS, FLOAT, INTERP,
+                      KIND, BITS, BLOCK, QMAX, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
 
 
 # ---- backward: dW = dYᵀ · (m ⊙ D(X)) ------------------------------------------------------------------

@@ -19,7 +19,7 @@ from agoq_triton_kernels.layout import KIND_IDS
 
 __all__ = [
     "TileConfig", "is_interpreted", "epilogue_unsupported", "prologue_unsupported",
-    "gemm_quant_epilogue_into", "gemm_dequant_prologue_into", "MAX_FUSED_BLOCK",
+    "gemm_quant_epilogue_into", "gemm_dequant_prologue_into", "MAX_FUSED_BLOCK", "KERNELS",
 ]
 
 _FLOAT = {torch.bfloat16: 1, torch.float16: 2}
@@ -76,15 +76,13 @@ _GPU_CONFIGS = (
     TileConfig(block_m=256, block_n=128, block_k=64, num_warps=8, num_stages=3),
     TileConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4),
     TileConfig(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4),
-    TileConfig(block_m=64, block_n=256, block_k=64, num_warps=4, num_stages=4),
-    TileConfig(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3),
 )
 
 
 # Below ~1 GFLOP per launch a GEMM takes microseconds whatever the tile, while autotuning compiles and times
 # every config for every new shape/format (seconds each): small launches (tests, conformance) use one config.
 _TUNE_MIN_MNK = 1 << 30
-_GPU_SMALL = _GPU_CONFIGS[4]
+_GPU_SMALL = _GPU_CONFIGS[4]  # 128x128x64, 4 warps: compiles fastest, holds a 128-block
 
 
 def _pow2_at_least(n: int) -> int:
@@ -227,13 +225,119 @@ def _tuned(kind: str):
 
 
 # ---- forward -------------------------------------------------------------------------------------------
+#: Forward kernel families: "ptr" (gemm_quant_epilogue_kernel: one program per tile, cp.async loads; any
+#: strides) and "tma" (gemm_quant_epilogue_tma_kernel: persistent, TMA loads; contiguous 16-byte aligned rows).
+KERNELS = ("ptr", "tma")
+_KERNEL_ENV = "AGOQ_FUSION_KERNEL"
+_chosen: dict[tuple, str] = {}
+
+
+def _kernel_request(kernel: str | None) -> str:
+    """"ptr", "tma" or "auto", from the argument or AGOQ_FUSION_KERNEL (default auto)."""
+    import os
+
+    k = (kernel or os.environ.get(_KERNEL_ENV, "auto")).strip().lower()
+    if k not in KERNELS + ("auto",):
+        raise ValueError(f"fused forward kernel {k!r} is not one of {KERNELS + ('auto',)} (argument or {_KERNEL_ENV})")
+    return k
+
+
+def _tma_eligible(*ts: torch.Tensor) -> bool:
+    """TMA needs unit inner stride, 16-byte aligned base and 16-byte multiple row pitch."""
+    return all(t.dim() == 2 and t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0
+               and t.data_ptr() % 16 == 0 for t in ts)
+
+
+@functools.cache
+def _num_programs(device: torch.device) -> int:
+    if device.type == "cpu":
+        return 2  # the interpreter: two programs exercise the persistent loop's stride
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _tma_hook(nargs):
+    nargs["x_desc"].block_shape = [nargs["BLOCK_M"], nargs["BLOCK_K"]]
+    nargs["w_desc"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_K"]]
+
+
+@functools.cache
+def _tuned_tma():
+    import triton
+
+    cfgs = [triton.Config({"BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k, "GROUP_M": c.group_m},
+                          num_warps=c.num_warps, num_stages=c.num_stages, pre_hook=_tma_hook) for c in _GPU_CONFIGS]
+    return triton.autotune(configs=cfgs, key=["M_KEY", "N", "K", "KIND", "BITS", "BLOCK", "HAS_BIAS", "NUM_PROGRAMS"],
+                           prune_configs_by={"early_config_prune": _prune("BLOCK_N")})(K.gemm_quant_epilogue_tma_kernel)
+
+
+def _launch_ptr(xv, wv, bv, yv, cv, sv, mm, n, k, x_strides, w_strides, common, cfg, block):
+    args = (xv, wv, bv if bv is not None else yv, yv, cv, sv, mm, n, k, *x_strides, *w_strides, _pow2_at_least(mm))
+    if cfg is None:
+        _tuned("epilogue")[lambda meta: (triton_cdiv(mm, meta["BLOCK_M"]) * triton_cdiv(n, meta["BLOCK_N"]),)](
+            *args, **common)
+        return
+    bn = max(cfg.block_n, block)  # both powers of two: the tile holds whole blocks
+    grid = (triton_cdiv(mm, cfg.block_m) * triton_cdiv(n, bn),)
+    K.gemm_quant_epilogue_kernel[grid](*args, **common, BLOCK_M=cfg.block_m, BLOCK_N=bn, BLOCK_K=cfg.block_k,
+                                       GROUP_M=cfg.group_m, EVEN_K=k % cfg.block_k == 0, num_warps=cfg.num_warps,
+                                       num_stages=cfg.num_stages)
+
+
+def _launch_tma(xv, wv, bv, yv, cv, sv, mm, n, k, common, cfg, block, device):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    p = _num_programs(device)
+    bm, bn, bk = (cfg.block_m, max(cfg.block_n, block), cfg.block_k) if cfg is not None else (64, 64, 64)
+    xd = TensorDescriptor.from_tensor(xv, [bm, bk])  # autotuned: the config's pre_hook sets the block shapes
+    wd = TensorDescriptor.from_tensor(wv, [bn, bk])
+    args = (xd, wd, bv if bv is not None else yv, yv, cv, sv, mm, n, k, _pow2_at_least(mm))
+    if cfg is None:
+        _tuned_tma()[(p,)](*args, **common, NUM_PROGRAMS=p)
+        return
+    K.gemm_quant_epilogue_tma_kernel[(p,)](*args, **common, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
+                                           NUM_PROGRAMS=p, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def _pick_kernel(key, run_ptr, run_tma, y, codes, scales, spec) -> str:
+    """First tuned launch of a shape on GPU: run both families, check they agree, keep the faster.
+
+    Agreement: the tma kernel's codes/scales equal the backend's stand-alone quantize kernel applied to the y
+    it wrote, and its y is within the bf16 tolerance of the ptr kernel's y. A disagreement raises."""
+    import logging
+
+    import triton.testing
+
+    from agoq_cuda import launch as codec
+    from agoq_cuda.fusion.tolerances import sqnr_db, sqnr_floor
+
+    run_tma()
+    y_t, c_t, s_t = y.clone(), codes.clone(), scales.clone()
+    run_ptr()
+    c2, s2 = torch.empty_like(c_t), torch.empty_like(s_t)
+    codec.quantize(y_t.view(-1), spec, c2, s2)
+    same_s = (s2.view(torch.int32) == s_t.view(torch.int32)) | (torch.isnan(s2) & torch.isnan(s_t))
+    q = sqnr_db(y_t, y)
+    if not torch.equal(c2, c_t) or not bool(same_s.all()) or q < sqnr_floor(y.dtype):
+        raise RuntimeError(f"fused forward kernels disagree on {key}: tma codes bit-exact {torch.equal(c2, c_t)}, "
+                           f"scales {bool(same_s.all())}, y SQNR tma vs ptr {q:.1f} dB; set {_KERNEL_ENV}=ptr to "
+                           "use the other kernel and report this")
+    t_ptr = triton.testing.do_bench(run_ptr, warmup=10, rep=50, return_mode="median")
+    t_tma = triton.testing.do_bench(run_tma, warmup=10, rep=50, return_mode="median")
+    pick = "tma" if t_tma < t_ptr else "ptr"
+    logging.getLogger(__name__).info("fused GEMM+quantize %s: ptr %.3f ms, tma %.3f ms -> %s", key, t_ptr, t_tma, pick)
+    run_tma() if pick == "tma" else run_ptr()  # leave the chosen kernel's outputs (they may differ in rounding)
+    return pick
+
+
 def gemm_quant_epilogue_into(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, spec: FormatSpec,
                              out: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, *,
-                             config: TileConfig | None = None) -> None:
+                             config: TileConfig | None = None, kernel: str | None = None) -> None:
     """out[M, N] = round(x[M, K] @ weight[N, K]ᵀ + bias) and (codes, scales) = Q_spec(out flattened).
 
     ``x`` and ``weight`` may have any strides; ``out`` must be contiguous. ``config`` pins a tile shape
-    (tests; on GPU it replaces autotuning)."""
+    (tests; on GPU it replaces autotuning). ``kernel`` ("ptr", "tma", "auto"; default AGOQ_FUSION_KERNEL or
+    auto) picks the kernel family; auto measures both once per shape on GPU (large launches, TMA-able
+    operands) and keeps the faster, otherwise uses ptr."""
     if x.dim() != 2:
         raise ValueError(f"gemm_quant_epilogue_into: x must be 2-D [M, K], got shape {tuple(x.shape)}")
     reason = epilogue_unsupported(x, weight, bias, spec)
@@ -245,6 +349,10 @@ def gemm_quant_epilogue_into(x: torch.Tensor, weight: torch.Tensor, bias: torch.
         raise ValueError(f"gemm_quant_epilogue_into: out must be a contiguous {x.dtype} tensor of shape ({m}, {n}) "
                          f"on {x.device}, got {out.dtype} {tuple(out.shape)} on {out.device}")
     _check_codes(spec, m * n, codes, scales, x.device, "gemm_quant_epilogue_into")
+    want = _kernel_request(kernel)
+    if want == "tma" and not _tma_eligible(x, weight):
+        raise ValueError("gemm_quant_epilogue_into: kernel='tma' needs x and weight with unit inner stride, 16-byte "
+                         "aligned storage and 16-byte multiple row pitch; use kernel='ptr' or 'auto'")
     if m == 0:
         return
     interp = is_interpreted()
@@ -256,22 +364,32 @@ def gemm_quant_epilogue_into(x: torch.Tensor, weight: torch.Tensor, bias: torch.
     xv, wv, bv, ov = (_kernel_view(t) for t in (x, weight, bias, out))
     cv = codes.view(torch.int8)
     row_bytes, row_blocks = spec.code_bytes(n), n // spec.block
+    common = dict(HAS_BIAS=bias is not None, FLOAT=_FLOAT[x.dtype], INTERP=interp, **fmt)
     for r0 in range(0, m, rows):
         mm = min(rows, m - r0)
-        args = (xv[r0:r0 + mm], wv, bv if bv is not None else ov, ov[r0:r0 + mm],
-                cv[r0 * row_bytes:(r0 + mm) * row_bytes], scales[r0 * row_blocks:(r0 + mm) * row_blocks],
-                mm, n, k, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), _pow2_at_least(mm))
-        common = dict(HAS_BIAS=bias is not None, FLOAT=_FLOAT[x.dtype], INTERP=interp, **fmt)
-        cfg = config or (_INTERP_EPILOGUE if interp else _GPU_SMALL if mm * n * k < _TUNE_MIN_MNK else None)
-        if cfg is None:
-            _tuned("epilogue")[lambda meta: (triton_cdiv(mm, meta["BLOCK_M"]) * triton_cdiv(n, meta["BLOCK_N"]),)](
-                *args, **common)
-        else:
-            bn = max(cfg.block_n, spec.block)  # both powers of two: the tile holds whole blocks
-            grid = (triton_cdiv(mm, cfg.block_m) * triton_cdiv(n, bn),)
-            K.gemm_quant_epilogue_kernel[grid](*args, **common, BLOCK_M=cfg.block_m, BLOCK_N=bn,
-                                               BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, EVEN_K=k % cfg.block_k == 0,
-                                               num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        xc, yc = xv[r0:r0 + mm], ov[r0:r0 + mm]
+        cc, sc = cv[r0 * row_bytes:(r0 + mm) * row_bytes], scales[r0 * row_blocks:(r0 + mm) * row_blocks]
+        small = mm * n * k < _TUNE_MIN_MNK
+        cfg = config or (_INTERP_EPILOGUE if interp else _GPU_SMALL if small else None)
+
+        def run_ptr():
+            _launch_ptr(xc, wv, bv, yc, cc, sc, mm, n, k, (x.stride(0), x.stride(1)),
+                        (weight.stride(0), weight.stride(1)), common, cfg, spec.block)
+
+        def run_tma():
+            _launch_tma(xc, wv, bv, yc, cc, sc, mm, n, k, common, cfg, spec.block, x.device)
+
+        family = want
+        if family == "auto":
+            family = "ptr"
+            if not interp and cfg is None and _tma_eligible(x, weight):
+                key = (_pow2_at_least(mm), n, k, spec.name, spec.block, bias is not None, x.dtype, x.stride(0))
+                if key not in _chosen:
+                    _chosen[key] = _pick_kernel(key, run_ptr, run_tma, out[r0:r0 + mm],
+                                                codes[r0 * row_bytes:(r0 + mm) * row_bytes], sc, spec)
+                    continue  # _pick_kernel left the chosen kernel's outputs
+                family = _chosen[key]
+        (run_tma if family == "tma" else run_ptr)()
 
 
 # ---- backward ------------------------------------------------------------------------------------------

@@ -163,3 +163,64 @@ def test_empty_m(device):
     x, w, _ = _operands(0, 64, 256, torch.bfloat16, seed=1, device=device)
     y, q = gemm_quant_epilogue(x, w, fmt="int4")
     assert y.shape == (0, 256) and q.codes.numel() == 0 and q.scales.numel() == 0
+
+
+# ---- the persistent TMA-fed kernel family ------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", ["int4", "int5", "nf4", "fp4_e2m1"])
+def test_tma_kernel_codes_bit_exact_on_ragged_tiles(fmt, device):
+    # M=45, N=384, K=72 against 16x128x16 tiles: TMA zero-fills the ragged K step and the edge tiles;
+    # two persistent programs (interpreter) walk 9 tiles with a stride.
+    x, w, b = _operands(45, 72, 384, torch.bfloat16, seed=17, bias=True, device=device)
+    cfg = TileConfig(block_m=16, block_n=128, block_k=16, group_m=2, num_warps=4, num_stages=2)
+    y, q = gemm_quant_epilogue(x, w, b, fmt=fmt, config=cfg, kernel="tma")
+    _check(y, q, x, w, b, fmt)
+    y2, _ = gemm_quant_epilogue(x, w, b, fmt=fmt, config=cfg, kernel="ptr")
+    assert sqnr_db(y, y2) >= sqnr_floor(y.dtype)
+
+
+def test_kernel_family_requests(device, monkeypatch):
+    x, w, _ = _operands(16, 64, 256, torch.float16, seed=2, device=device)
+    with pytest.raises(ValueError, match="kernel='tma' needs"):
+        gemm_quant_epilogue(x.t().contiguous().t(), w, fmt="int4", kernel="tma")   # column-major x
+    with pytest.raises(ValueError, match="not one of"):
+        gemm_quant_epilogue(x, w, fmt="int4", kernel="cublas")
+    monkeypatch.setenv("AGOQ_FUSION_KERNEL", "tma")
+    y, q = gemm_quant_epilogue(x, w, fmt="int8")
+    _check(y, q, x, w, None, "int8")
+    monkeypatch.setenv("AGOQ_FUSION_KERNEL", "bogus")
+    with pytest.raises(ValueError, match="AGOQ_FUSION_KERNEL"):
+        gemm_quant_epilogue(x, w, fmt="int8")
+
+
+def test_auto_choice_checks_agreement_and_keeps_the_faster(device, monkeypatch):
+    # _pick_kernel is what the first tuned GPU launch of a shape runs; here with the interpreter's kernels
+    # and a fake timer: it must refuse a tma result that disagrees, and keep the faster family otherwise.
+    import triton.testing
+
+    x, w, _ = _operands(32, 64, 256, torch.bfloat16, seed=4, device=device)
+    spec = get_format("int4")
+    y = torch.empty(32, 256, dtype=torch.bfloat16, device=device)
+    codes = torch.empty(spec.code_bytes(y.numel()), dtype=torch.uint8, device=device)
+    scales = torch.empty(spec.num_blocks(y.numel()), dtype=torch.float32, device=device)
+    cfg = launch._INTERP_EPILOGUE
+
+    def run(kernel, corrupt=False):
+        def go():
+            launch.gemm_quant_epilogue_into(x, w, None, spec, y, codes, scales, config=cfg, kernel=kernel)
+            if corrupt:
+                codes[3] ^= 0x10
+        return go
+
+    times = {}
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: times[fn])
+    ptr, tma = run("ptr"), run("tma")
+    times.update({ptr: 2.0, tma: 1.0})
+    assert launch._pick_kernel("k", ptr, tma, y, codes, scales, spec) == "tma"
+    times.update({ptr: 1.0, tma: 2.0})
+    assert launch._pick_kernel("k", ptr, tma, y, codes, scales, spec) == "ptr"
+    want_c, _ = ref.quantize_blocks(y.cpu(), spec)
+    assert_bits_equal(codes, want_c, "outputs left by the chosen kernel")
+    bad = run("tma", corrupt=True)
+    times[bad] = 0.5
+    with pytest.raises(RuntimeError, match="disagree"):
+        launch._pick_kernel("k", ptr, bad, y, codes, scales, spec)
