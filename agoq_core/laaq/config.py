@@ -69,6 +69,21 @@ class RolePlan:
     def names(self) -> dict[str, str]:
         return {r: (s.name if s is not None else NATIVE) for r, s in self.specs.items()}
 
+    # immutable: copies are the object itself; pickles rebuild the read-only mapping
+    def __deepcopy__(self, memo: dict) -> "RolePlan":
+        return self
+
+    def __reduce__(self):
+        return (_role_plan, (dict(self.specs),))
+
+
+def _role_plan(specs: dict) -> RolePlan:
+    return RolePlan(MappingProxyType(specs))
+
+
+def _laaq_config(kwargs: dict) -> "LAAQConfig":
+    return LAAQConfig(**kwargs)
+
 
 @dataclass(frozen=True, kw_only=True)
 class LAAQConfig:
@@ -148,6 +163,14 @@ class LAAQConfig:
         over = self.layer_overrides.get(layer, {}) if layer is not None else {}
         return RolePlan(MappingProxyType(
             {r: _check_fmt(r, over.get(r, getattr(self, r)), self.block) for r in ROLES}))
+
+    def __deepcopy__(self, memo: dict) -> "LAAQConfig":
+        return self  # frozen and holding only immutable values
+
+    def __reduce__(self):
+        kw = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        kw["layer_overrides"] = {k: dict(v) for k, v in self.layer_overrides.items()}
+        return (_laaq_config, (kw,))
 
     def replace(self, **changes) -> "LAAQConfig":
         return dataclasses.replace(self, **changes)

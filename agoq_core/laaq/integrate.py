@@ -331,6 +331,8 @@ def apply(model: nn.Module, config: LAAQConfig | None = None, *,
 
 
 def _convert_final(conv: _Converter, model: nn.Module, row: LayerFamily, plan: RolePlan) -> None:
+    if not row.final_norm:  # the row says the model has none
+        return
     norm_path = next((p for p in row.final_norm if isinstance(_get(model, p), nn.Module)), None)
     if norm_path is None:
         conv.skip("/".join(row.final_norm), "final norm not found")

@@ -225,11 +225,35 @@ class SavedBytesMeter:
         return out
 
 
+def _forward_stack(model: nn.Module, input_ids: torch.Tensor, with_loss: bool) -> Any:
+    """The HF LLaMA-family forward, written out (embedding, RoPE, layers, norm, head, loss).
+
+    Used on the meta device, where HF's own forward cannot run: its mask preprocessing reads data
+    (packed-sequence detection, ``mask.all()``). With no mask, SDPA runs causal exactly as in
+    training without padding.
+    """
+    inner = getattr(model, "model", None)
+    needed = ("embed_tokens", "rotary_emb", "layers", "norm")
+    if inner is None or not all(hasattr(inner, n) for n in needed) or not hasattr(model, "lm_head"):
+        raise ValueError(f"measuring on the meta device needs an HF causal LM with model.{{{', '.join(needed)}}} and "
+                         f"lm_head; {type(model).__name__} is not one: measure on a real device instead")
+    h = inner.embed_tokens(input_ids)
+    pos = torch.arange(input_ids.shape[1], device=input_ids.device)[None].expand(input_ids.shape[0], -1)
+    pe = inner.rotary_emb(h, pos)
+    for layer in inner.layers:
+        h = layer(h, attention_mask=None, position_ids=pos, position_embeddings=pe)
+        h = h[0] if isinstance(h, tuple) else h
+    logits = model.lm_head(inner.norm(h))
+    if not with_loss:
+        return logits
+    return model.loss_function(logits=logits, labels=input_ids, vocab_size=logits.shape[-1])
+
+
 def _build_model(cfg: Any, device: torch.device | str, dtype: torch.dtype) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     return model
 
 
@@ -279,7 +303,12 @@ def measure_saved_bytes(model_or_config: Any, policy: "LAAQConfig | Mapping[str,
         meter = SavedBytesMeter(model, families=families, label=lbl)
         with torch.enable_grad(), meter:
             kwargs = {"labels": input_ids} if with_loss else {}
-            out = model(input_ids=input_ids, **kwargs)
+            if hasattr(getattr(model, "config", None), "use_cache"):
+                kwargs["use_cache"] = False  # a KV cache would hold K/V beyond the graph
+            if dev.type == "meta":
+                out = _forward_stack(model, input_ids, with_loss)
+            else:
+                out = model(input_ids=input_ids, **kwargs)
         res = meter.result()  # read while `out` (and so the graph) is alive
         del out
         return res

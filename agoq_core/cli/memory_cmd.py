@@ -1,0 +1,97 @@
+"""``agoq memory``: bytes kept for backward per decoder layer and part, plain vs LAAQ, measured.
+
+Builds a randomly initialised HF model of the given family and shape (no download), runs one
+forward with the LM loss under agoq_core.laaq's meter, without and with LAAQ, and prints both.
+``--device meta`` measures full-size shapes (e.g. ``--preset llama2-7b --seq 4096``) without data.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+_PRESETS = {  # hidden, intermediate, layers, heads, kv_heads, vocab
+    "tiny": (256, 688, 2, 4, 4, 1024),
+    "llama2-7b": (4096, 11008, 32, 32, 32, 32000),
+    "llama3-8b": (4096, 14336, 32, 32, 8, 128256),
+}
+
+
+def _policy(name: str, attention_core: str | None, block: int):
+    from agoq_core.laaq import LAAQConfig
+
+    if name == "paper":
+        cfg = LAAQConfig(block=block)
+    elif name == "naive":
+        cfg = LAAQConfig.uniform("int4", include_attention=True, block=block)
+    elif name == "native":
+        cfg = LAAQConfig.native(block=block)
+    else:  # a format name: every role but the attention core in it
+        cfg = LAAQConfig.uniform(name, block=block)
+    return cfg.replace(attention_core=attention_core) if attention_core else cfg
+
+
+def build_model(args: argparse.Namespace):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    h, inter, layers, heads, kv, vocab = _PRESETS[args.preset]
+    kw = dict(hidden_size=args.hidden or h, intermediate_size=args.intermediate or inter,
+              num_hidden_layers=args.layers or layers, num_attention_heads=args.heads or heads,
+              num_key_value_heads=args.kv_heads or args.heads or kv, vocab_size=args.vocab or vocab,
+              max_position_embeddings=max(args.seq, 128), use_cache=False)
+    cfg = AutoConfig.for_model(args.model, **kw)
+    cfg._attn_implementation = args.attn
+    dtype = getattr(torch, _DTYPES[args.dtype])
+    torch.manual_seed(0)
+    with torch.device(args.device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    return model
+
+
+def _run(args: argparse.Namespace) -> int:
+    from agoq_core.laaq import measure_saved_bytes
+
+    if args.seq < 1 or args.batch < 1:
+        raise SystemExit(f"agoq memory: --seq and --batch must be >= 1 (got {args.seq}, {args.batch})")
+    model = build_model(args)
+    policy = _policy(args.policy, args.attention_core, args.block)
+    plain = measure_saved_bytes(model, None, batch=args.batch, seq=args.seq, label="plain")
+    laaq = measure_saved_bytes(model, policy, batch=args.batch, seq=args.seq, label="LAAQ")
+    if args.json:
+        print(json.dumps({"model": args.model, "preset": args.preset, "batch": args.batch, "seq": args.seq,
+                          "dtype": args.dtype, "device": args.device, "policy": policy.describe(),
+                          "plain": plain.to_dict(), "laaq": laaq.to_dict(),
+                          "layers_ratio": laaq.layers_total / max(1, plain.layers_total),
+                          "total_ratio": laaq.total / max(1, plain.total)}, indent=2))
+        return 0
+    n = sum(p.numel() for p in model.parameters())
+    print(f"{type(model).__name__} ({n / 1e6:.1f}M params, {args.dtype}, {args.device}), batch {args.batch} x "
+          f"seq {args.seq}, {args.attn} attention")
+    print(f"policy: {policy.describe()}")
+    print(plain.table(laaq, unit=1 << 20))
+    return 0
+
+
+def register(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="llama", choices=["llama", "mistral", "qwen2", "qwen3"],
+                   help="HF model family (default llama)")
+    p.add_argument("--preset", default="tiny", choices=sorted(_PRESETS),
+                   help="shape preset; --hidden/--layers/... override its fields (default tiny)")
+    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--hidden", type=int, default=None)
+    p.add_argument("--intermediate", type=int, default=None)
+    p.add_argument("--heads", type=int, default=None)
+    p.add_argument("--kv-heads", type=int, default=None)
+    p.add_argument("--vocab", type=int, default=None)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--dtype", default="bf16", choices=sorted(_DTYPES))
+    p.add_argument("--device", default="cpu", help="cpu, meta (sizes only: full-size shapes for free), cuda ...")
+    p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="attention implementation")
+    p.add_argument("--policy", default="paper",
+                   help="paper (default), naive (all 4-bit incl. attention), native, or a format name for every role")
+    p.add_argument("--attention-core", default=None, help="format for the attention core (default: the policy's)")
+    p.add_argument("--block", type=int, default=128, help="block size of the role formats (default 128)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.set_defaults(func=_run)
