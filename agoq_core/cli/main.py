@@ -19,6 +19,7 @@ _SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "conformance": ("agoq_core.cli.conformance_cmd", "run the conformance suite or compare two reports"),
     "train": ("agoq_core.cli.train_cmd", "train baseline vs AGoQ side by side on WikiText-2: table + plot"),
     "plan": ("agoq_core.cli.plan_cmd", "DBCA-PP: activation formats per pipeline stage from the schedule"),
+    "memory": ("agoq_core.cli.memory_cmd", "LAAQ: bytes kept for backward per layer and part, plain vs LAAQ"),
 }
 
 
