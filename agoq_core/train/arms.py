@@ -5,7 +5,7 @@ what this file sets up:
 
 | arm | activations (LAAQ) | gradients (QuanGrad) | optimizer |
 |---|---|---|---|
-| baseline | autograd's own (fp32 on CPU, bf16 autocast on accelerators) | ``.grad`` + DDP all-reduce | AdamW |
+| baseline | autograd's own (fp32 on CPU, bf16 on accelerators) | ``.grad`` + DDP all-reduce | AdamW (fp32 masters for bf16) |
 | agoq | paper policy: norm / SiLU&Mul / out-proj inputs at 4 bits, attention core kept | FP8 E4M3 buffers, precision-preserving all-reduce | AdamW, or 8-bit AdamW with ``--agoq-optimizer adamw8bit`` |
 | uniform4-attn | everything 4-bit, attention core included | as agoq | as agoq |
 | naive-fp8-allreduce | as agoq | FP8, one shared scale, FP8 partial sums (FP8-LM) | as agoq |
@@ -58,6 +58,7 @@ class Arm:
     quangrad: Any = None            # QuanGrad's data-parallel wrapper (AGoQ arms)
     notes: list[str] = field(default_factory=list)
     laaq_report: Any = None
+    masters: "MasterWeights | None" = None   # baseline with bf16 weights: fp32 copies the optimizer steps
 
     # ---- one optimizer step ---------------------------------------------------------------------
     def forward_backward(self, batch: torch.Tensor, *, scale: float, last: bool,
@@ -78,7 +79,7 @@ class Arm:
         else:
             sync, fwd = contextlib.nullcontext(), self.model
         with sync:
-            with self.rt.autocast(), (forward_ctx or contextlib.nullcontext()):
+            with forward_ctx or contextlib.nullcontext():
                 loss = fwd(input_ids=batch, labels=batch).loss
             (loss * scale).backward()
         return float(loss.detach())
@@ -87,7 +88,9 @@ class Arm:
         """Bytes holding gradients now (called after the last backward of a step, before the update)."""
         extra: list[torch.Tensor] = []
         if self.quangrad is not None:  # QuanGrad's 8-bit codes and fp32 block scales, per bucket
-            extra = [*self.quangrad.storage.codes, *self.quangrad.storage.scales]
+            qg = self.quangrad
+            extra = list(qg.gradient_buffers()) if hasattr(qg, "gradient_buffers") else \
+                [*qg.storage.codes, *qg.storage.scales]
         return grad_bytes(self.model.parameters(), extra)
 
     def step(self, lr: float) -> tuple[float, bool]:
@@ -97,14 +100,26 @@ class Arm:
         if self.quangrad is not None:
             out = self.quangrad.step()
             return float(out.grad_norm), bool(out.skipped)
+        stepped = self.masters.load_grads() if self.masters is not None else list(self.model.parameters())
         clip = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        norm = torch.nn.utils.clip_grad_norm_(stepped, clip)
         norm_f = float(norm)
         skipped = not math.isfinite(norm_f)
         if not skipped:
             self.optimizer.step()
+            if self.masters is not None:
+                self.masters.store()
         self.optimizer.zero_grad(set_to_none=True)
+        self.model.zero_grad(set_to_none=True)
         return norm_f, skipped
+
+    def master_weight_bytes(self) -> int | None:
+        """Bytes of fp32 master weights kept beside bf16 parameters (None when the model is fp32)."""
+        if self.masters is not None:
+            return self.masters.nbytes
+        if self.quangrad is not None:
+            return self.quangrad.report.master_weight_bytes or None
+        return None
 
     def before_eval(self) -> None:
         """Make ``self.model`` whole on this rank before evaluation (pipeline arms gather stages)."""
@@ -117,6 +132,29 @@ class Arm:
             self.quangrad.remove_hooks()
         if self.laaq_report is not None:
             self.laaq_report.undo()
+
+
+class MasterWeights:
+    """fp32 master copies of bf16 parameters, as mixed-precision training keeps them (Megatron,
+    DeepSpeed): the optimizer steps the fp32 copies, the model gets one rounding to bf16 per step."""
+
+    def __init__(self, params: list[torch.nn.Parameter]) -> None:
+        self.params = params
+        self.fp32 = [torch.nn.Parameter(p.detach().float().clone()) for p in params]
+
+    def load_grads(self) -> list[torch.nn.Parameter]:
+        for p, m in zip(self.params, self.fp32):
+            m.grad = None if p.grad is None else p.grad.float()
+        return self.fp32
+
+    @torch.no_grad()
+    def store(self) -> None:
+        for p, m in zip(self.params, self.fp32):
+            p.copy_(m)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(m.numel() * m.element_size() for m in self.fp32)
 
 
 def _adamw(params, cfg: TrainConfig, kind: str):
@@ -142,7 +180,12 @@ def _baseline(model: torch.nn.Module, rt: Runtime, cfg: TrainConfig) -> Arm:
         arm.ddp = DDP(model, device_ids=None if rt.device.type == "cpu" else [rt.device.index],
                       gradient_as_bucket_view=True)
         arm.notes.append(f"DDP over {rt.world} ranks ({rt.dist_backend})")
-    arm.optimizer = _adamw(list(model.parameters()), cfg, cfg.optimizer)
+    params = list(model.parameters())
+    if any(p.dtype != torch.float32 for p in params):
+        arm.masters = MasterWeights(params)
+        params = arm.masters.fp32
+        arm.notes.append("bf16 weights, fp32 master weights stepped by the optimizer")
+    arm.optimizer = _adamw(params, cfg, cfg.optimizer)
     return arm
 
 

@@ -59,7 +59,7 @@ class TrainConfig:
     ablations: tuple[str, ...] = ()
     # hardware and parallelism
     device: str = "auto"
-    dtype: str = "auto"             # fp32 on CPU, bf16 (autocast, fp32 master weights) on accelerators
+    dtype: str = "auto"             # fp32 on CPU; bf16 weights + fp32 master weights on accelerators
     nproc: int = 1                  # data-parallel processes
     pp: int = 1                     # pipeline stages (needs nproc == pp * dp)
     pp_microbatches: int = 0        # micro-batches per pipeline step; 0 = 2 * pp

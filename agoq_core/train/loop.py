@@ -97,8 +97,7 @@ def evaluate(model: torch.nn.Module, corpus: Corpus, cfg: TrainConfig, rt: Runti
         if i % rt.world != rt.rank:
             continue
         batch = batch.to(rt.device)
-        with rt.autocast():
-            loss = model(input_ids=batch, labels=batch).loss
+        loss = model(input_ids=batch, labels=batch).loss
         n = batch.shape[0] * (batch.shape[1] - 1)  # HF shifts labels: seq_len - 1 targets per window
         total += float(loss) * n
         count += n
@@ -114,6 +113,8 @@ def train_arm(name: str, cfg: TrainConfig, rt: Runtime, corpus: Corpus,
     model = build_model(cfg.model, vocab_size=corpus.vocab_size, seq_len=cfg.seq_len, seed=cfg.seed,
                         device=rt.device)
     res.params = count_parameters(model)
+    if rt.dtype == "bf16":  # every arm casts the same fp32 init; the optimizers keep fp32 master copies
+        model.to(torch.bfloat16)
     try:
         arm = make_arm(name, model, rt, cfg)
     except ArmUnavailable as exc:
@@ -152,6 +153,8 @@ def train_arm(name: str, cfg: TrainConfig, rt: Runtime, corpus: Corpus,
             dt = time.perf_counter() - t0
             if step == measure_step:
                 res.memory["optimizer_state"] = arm.optimizer_state_bytes()
+                if arm.master_weight_bytes():
+                    res.memory["master_weights"] = arm.master_weight_bytes()
             if step > 0 and step != measure_step:  # step 0: one-time costs (optimizer state, lazy init)
                 timed_seconds += dt
                 timed_tokens += cfg.tokens_per_step

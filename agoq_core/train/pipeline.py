@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from agoq_core.train.arms import Arm, ArmUnavailable, _adamw
+from agoq_core.train.arms import Arm, ArmUnavailable, MasterWeights, _adamw
 from agoq_core.train.config import TrainConfig
 from agoq_core.train.runtime import Runtime
 
@@ -91,7 +91,7 @@ class PipelineArm(Arm):
         batch = batch.to(self.rt.device)
         self._loss_scale = scale / self.M
         sync = self.quangrad.no_sync() if self.quangrad is not None else contextlib.nullcontext()
-        with sync, self.rt.autocast():
+        with sync:
             return self._run_schedule(batch)
 
     def measured_forward_backward(self, batch: torch.Tensor, *, scale: float, last: bool) -> tuple[float, dict]:
@@ -136,7 +136,8 @@ class PipelineArm(Arm):
                 self._clip_coef = 1.0  # QuanGrad sees the NaN itself and skips the step
             out = self.quangrad.step()
             return norm, bool(out.skipped)
-        params = [p for p in self.container.parameters() if p.grad is not None]
+        stepped = self.masters.load_grads() if self.masters is not None else list(self.container.parameters())
+        params = [p for p in stepped if p.grad is not None]
         local = float(sum(p.grad.double().pow(2).sum() for p in params)) if params else 0.0
         norm = math.sqrt(_sum_over_ranks(local, self.rt))
         skipped = not math.isfinite(norm)
@@ -146,7 +147,10 @@ class PipelineArm(Arm):
                 for p in params:
                     p.grad.mul_(coef)
             self.optimizer.step()
+            if self.masters is not None:
+                self.masters.store()
         self.optimizer.zero_grad(set_to_none=True)
+        self.container.zero_grad(set_to_none=True)
         return norm, skipped
 
     def before_eval(self) -> None:
@@ -231,7 +235,11 @@ def make_pipeline_arm(name: str, model: torch.nn.Module, rt: Runtime, cfg: Train
     stage_mods = build_stage_modules(model, spec, layers, rt.rank)
     arm.setup_pipeline(stage_mods, spec.virtual_stages)
     if name == "baseline":
-        arm.optimizer = _adamw(list(arm.container.parameters()), cfg, cfg.optimizer)
+        params = list(arm.container.parameters())
+        if any(p.dtype != torch.float32 for p in params):
+            arm.masters = MasterWeights(params)
+            params = arm.masters.fp32
+        arm.optimizer = _adamw(params, cfg, cfg.optimizer)
     else:
         inner = make_agoq_arm(name, arm.container, rt, cfg, laaq_config=policy, group=singles[rt.rank],
                               laaq_target=model, clip_in_quangrad=False)

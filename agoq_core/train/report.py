@@ -17,6 +17,7 @@ MEMORY_ROWS = (
     ("activations_decoder_layers", "  of which in decoder layers"),
     ("gradients", "gradient storage"),
     ("optimizer_state", "optimizer state"),
+    ("master_weights", "fp32 master weights (bf16 runs)"),
     ("act+grad+opt", "activations + gradients + optimizer"),
     ("peak_device", "peak device memory"),
 )

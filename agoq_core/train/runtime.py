@@ -11,7 +11,6 @@ The process-group backend is gloo on CPU and, on an accelerator, the selected ag
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import socket
@@ -35,17 +34,16 @@ class Runtime:
     world: int
     local_rank: int
     device: torch.device
-    dtype: str                  # "fp32" or "bf16" (autocast with fp32 master weights)
+    dtype: str                  # "fp32", or "bf16" (bf16 weights and activations, fp32 master weights)
     dist_backend: str | None    # None when no process group is needed (one process, baseline only)
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def autocast(self):
-        if self.dtype == "bf16":
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return torch.bfloat16 if self.dtype == "bf16" else torch.float32
 
 
 def under_torchrun() -> bool:
