@@ -1,5 +1,8 @@
 """Launchers: buffers -> kernel arguments and launch geometry for CUDA (and Triton's interpreter).
 
+Every launcher takes keyword overrides for tests and tuning: ``rows`` (blocks per tile), ``programs``
+(grid size) and ``hw`` (False runs the portable integer/div_rn kernel variant on a GPU).
+
 The kernel bodies live in agoq_triton_kernels; everything device-specific is here: tile rows, grid
 size, warps, chunking of tensors above 2**30 elements, and how tensors are viewed (codes as int8,
 bf16 as int16).
@@ -15,7 +18,7 @@ from agoq_core.formats.spec import FormatSpec
 from agoq_triton_kernels import kernels as K
 from agoq_triton_kernels.codes import NF4_LEVELS_KERNEL
 from agoq_triton_kernels.layout import (
-    FLOAT_BF16, FLOAT_F16, FLOAT_F32, MAX_BLOCK, MAX_CHUNK_ELEMENTS, format_constexprs,
+    FLOAT_BF16, FLOAT_F16, FLOAT_F32, MAX_BLOCK, MAX_CHUNK_ELEMENTS, encode_lut, format_constexprs,
 )
 
 __all__ = ["Geometry", "geometry", "quantize", "dequantize", "accumulate", "reduce_requantize", "is_interpreted"]
@@ -39,19 +42,16 @@ class Geometry:
     num_warps: int
 
 
-# GPU: a tile of ~4096 lanes (16 KiB of fp32 input) keeps every thread busy with 16 elements at 8 warps,
-# and 8 resident programs per SM (x 132 SMs on an H200) hides DRAM latency; more programs than that just
-# queue. Interpreter: each program instance costs ~8 ms of Python (cpu-feasibility.md §2), a tile of
-# 2**15 lanes ~1 ms of numpy, so one or two big programs are fastest; two exercise the strided loop.
-_GPU_TILE_LANES = 4096
-_GPU_PROGRAMS_PER_SM = 8
+# GPU (measured on the H200, 2026-11-29, docs/bench/codecs.md): these kernels are bound by instruction
+# issue, not DRAM. Tiles of 2048 lanes on 4 warps (16 elements per thread) with one tile per program were
+# the best or within 5% of the best of {2048, 4096, 8192} lanes x {8 programs/SM, one tile/program} for
+# int4, int5 and fp8_e4m3; 4096-lane tiles made 5-bit quantize 5x slower (1138 vs 238 us at 256 MiB).
+# Interpreter: each program instance costs ~8 ms of Python (cpu-feasibility.md §2), a tile of 2**15
+# lanes ~1 ms of numpy, so one or two big programs are fastest; two exercise the strided loop.
+_GPU_TILE_LANES = 2048
+_GPU_MAX_PROGRAMS = (1 << 31) - 1
 _INTERP_TILE_LANES = 1 << 15
 _INTERP_PROGRAMS = 2
-
-
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def geometry(block_p: int, n_blocks: int, device: torch.device, *, rows: int | None = None,
@@ -64,15 +64,35 @@ def geometry(block_p: int, n_blocks: int, device: torch.device, *, rows: int | N
     r = rows or max(1, _GPU_TILE_LANES // block_p)
     tiles = -(-n_blocks // r)
     lanes = r * block_p
-    warps = 4 if lanes <= 2048 else 8
-    cap = programs or _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
-        * _GPU_PROGRAMS_PER_SM
-    return Geometry(r, max(1, min(tiles, cap)), warps)
+    warps = 4 if lanes <= 2048 else 8 if lanes <= 4096 else 16
+    return Geometry(r, max(1, min(tiles, programs or _GPU_MAX_PROGRAMS)), warps)
+
+
+@functools.cache
+def _hw_conversions(device: torch.device) -> bool:
+    """HW=True kernels (hardware fp8/bf16 conversions, FMA quotient) need CUDA sm_89+ (fp8 cvt)."""
+    if device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def _hw(hw: bool | None, device: torch.device) -> bool:
+    """The HW constexpr: the device default, or False on request (tests run the portable path on a GPU)."""
+    if hw is None:
+        return _hw_conversions(device)
+    if hw and not _hw_conversions(device):
+        raise ValueError(f"hw=True needs a CUDA device of compute capability >= 8.9, got {device}")
+    return bool(hw)
 
 
 @functools.cache
 def _nf4_lut(device: torch.device) -> torch.Tensor:
     return torch.tensor(NF4_LEVELS_KERNEL, dtype=torch.float32, device=device)
+
+
+@functools.cache
+def _encode_lut(kind: str, device: torch.device) -> torch.Tensor:
+    return torch.tensor(encode_lut(kind), dtype=torch.int64, device=device)
 
 
 def _consts(spec: FormatSpec) -> dict:
@@ -121,7 +141,7 @@ def _launch(kernel, geo: Geometry, args: tuple, **constexprs) -> None:
 
 
 def quantize(x: torch.Tensor, spec: FormatSpec, codes: torch.Tensor, scales: torch.Tensor, *,
-             rows: int | None = None, programs: int | None = None) -> None:
+             rows: int | None = None, programs: int | None = None, hw: bool | None = None) -> None:
     """x flat [N] -> codes uint8[code_bytes(N)], scales fp32[NB]. float64 is rounded to fp32 by torch first
     (the reference does the same)."""
     n = x.numel()
@@ -131,16 +151,18 @@ def quantize(x: torch.Tensor, spec: FormatSpec, codes: torch.Tensor, scales: tor
     xv, xk = _float_view(x.reshape(-1), "quantize")
     c = _consts(spec)
     cv = codes.view(torch.int8)
+    elut = _encode_lut(spec.kind, x.device)
     for off, m, boff, soff, ragged in _segments(spec, n):
         nb = spec.num_blocks(m)
         geo = geometry(c["BLOCK_P"], nb, x.device, rows=rows, programs=programs)
         _launch(K.quantize_kernel, geo,
-                (xv[off:off + m], cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], m, nb,
-                 -(-nb // geo.rows)), **c, ROWS=geo.rows, RAGGED=ragged, X_FLOAT=xk)
+                (xv[off:off + m], cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], elut, m, nb,
+                 -(-nb // geo.rows)), **c, ROWS=geo.rows, RAGGED=ragged, X_FLOAT=xk, NF4_LUT=True,
+                HW=_hw(hw, x.device))
 
 
 def dequantize(codes: torch.Tensor, scales: torch.Tensor, spec: FormatSpec, out: torch.Tensor, *,
-               rows: int | None = None, programs: int | None = None) -> None:
+               rows: int | None = None, programs: int | None = None, hw: bool | None = None) -> None:
     """codes + scales -> out flat [N] (fp32, bf16 or fp16)."""
     n = out.numel()
     _check(spec, n, codes, scales, out.device, "dequantize")
@@ -153,11 +175,12 @@ def dequantize(codes: torch.Tensor, scales: torch.Tensor, spec: FormatSpec, out:
         geo = geometry(c["BLOCK_P"], nb, out.device, rows=rows, programs=programs)
         _launch(K.dequantize_kernel, geo,
                 (cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], lut, ov[off:off + m], m, nb,
-                 -(-nb // geo.rows)), **c, ROWS=geo.rows, RAGGED=ragged, OUT_FLOAT=ok, NF4_LUT=True)
+                 -(-nb // geo.rows)), **c, ROWS=geo.rows, RAGGED=ragged, OUT_FLOAT=ok, NF4_LUT=True,
+                HW=_hw(hw, out.device))
 
 
 def accumulate(codes: torch.Tensor, scales: torch.Tensor, spec: FormatSpec, g: torch.Tensor, *,
-               rows: int | None = None, programs: int | None = None) -> None:
+               rows: int | None = None, programs: int | None = None, hw: bool | None = None) -> None:
     """In place: (codes, scales) <- Q(D(codes, scales) + g), g flat [N] (fp32, bf16, fp16; fp64 via fp32)."""
     n = g.numel()
     _check(spec, n, codes, scales, g.device, "accumulate_")
@@ -167,17 +190,19 @@ def accumulate(codes: torch.Tensor, scales: torch.Tensor, spec: FormatSpec, g: t
     c = _consts(spec)
     cv = codes.view(torch.int8)
     lut = _nf4_lut(g.device)
+    elut = _encode_lut(spec.kind, g.device)
     for off, m, boff, soff, ragged in _segments(spec, n):
         nb = spec.num_blocks(m)
         geo = geometry(c["BLOCK_P"], nb, g.device, rows=rows, programs=programs)
         _launch(K.accumulate_kernel, geo,
-                (cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], lut, gv[off:off + m], m, nb,
-                 -(-nb // geo.rows)), **c, ROWS=geo.rows, RAGGED=ragged, G_FLOAT=gk, NF4_LUT=True)
+                (cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], lut, elut, gv[off:off + m], m, nb,
+                 -(-nb // geo.rows)), **c, ROWS=geo.rows, RAGGED=ragged, G_FLOAT=gk, NF4_LUT=True,
+                HW=_hw(hw, g.device))
 
 
 def reduce_requantize(codes: torch.Tensor, scales: torch.Tensor, spec: FormatSpec, numel: int,
                       codes_out: torch.Tensor, scales_out: torch.Tensor, *, rows: int | None = None,
-                      programs: int | None = None) -> None:
+                      programs: int | None = None, hw: bool | None = None) -> None:
     """codes uint8[W, code_bytes], scales fp32[W, NB] -> Q(sum_r D_r) into codes_out, scales_out."""
     if codes.dim() != 2 or scales.dim() != 2 or codes.shape[0] != scales.shape[0] or codes.shape[0] < 1:
         raise ValueError(f"reduce_requantize: want codes[W, B] and scales[W, NB] with W >= 1, got "
@@ -190,11 +215,12 @@ def reduce_requantize(codes: torch.Tensor, scales: torch.Tensor, spec: FormatSpe
     c = _consts(spec)
     cv, cov = codes.view(torch.int8), codes_out.view(torch.int8)
     lut = _nf4_lut(codes.device)
+    elut = _encode_lut(spec.kind, codes.device)
     for off, m, boff, soff, ragged in _segments(spec, n):
         nb = spec.num_blocks(m)
         cb = spec.code_bytes(m)
         geo = geometry(c["BLOCK_P"], nb, codes.device, rows=rows, programs=programs)
         _launch(K.reduce_requantize_kernel, geo,
-                (cv[:, boff:boff + cb], scales[:, soff:soff + nb], lut, cov[boff:boff + cb],
+                (cv[:, boff:boff + cb], scales[:, soff:soff + nb], lut, elut, cov[boff:boff + cb],
                  scales_out[soff:soff + nb], m, nb, -(-nb // geo.rows), w, codes.stride(0), scales.stride(0)),
-                **c, ROWS=geo.rows, RAGGED=ragged, NF4_LUT=True)
+                **c, ROWS=geo.rows, RAGGED=ragged, NF4_LUT=True, HW=_hw(hw, codes.device))

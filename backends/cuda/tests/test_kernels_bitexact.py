@@ -184,3 +184,32 @@ def test_chunking_of_huge_tensors(fmt, device, monkeypatch):
     red_c, red_s = ref.reduce_requantize(both_c, both_s, spec, n)
     assert_bits_equal(out_c, red_c, "reduce codes")
     assert_bits_equal(out_s, red_s, "reduce scales")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_portable_variant_on_the_gpu(fmt, device):
+    """HW=False (integer fp8/bf16 logic, div_rn) is what the interpreter and Ascend run; on a GPU it must
+    give the same bits as the default HW=True kernels and the reference."""
+    if device.type != "cuda":
+        pytest.skip("on CPU every test above already runs the portable variant")
+    spec = get_format(fmt)
+    x = special_blocks(spec, spec.block, seed=3)
+    n = x.numel()
+    want_c, want_s = ref.quantize_blocks(x, spec)
+    codes, scales = _empty_q(spec, n, device)
+    launch.quantize(x.to(device), spec, codes, scales, hw=False)
+    assert_bits_equal(codes, want_c, "codes")
+    assert_bits_equal(scales, want_s, "scales")
+    out = torch.empty(n, dtype=torch.bfloat16, device=device)
+    launch.dequantize(codes, scales, spec, out, hw=False)
+    assert_bits_equal(out, ref.dequantize_blocks(want_c, want_s, spec, n, torch.bfloat16), "dequantize")
+
+
+def test_hw_variant_is_refused_where_it_cannot_run(device):
+    if device.type == "cuda" and launch._hw_conversions(device):
+        pytest.skip("this GPU runs HW=True")
+    spec = get_format("int8")
+    x = torch.ones(8, device=device)
+    codes, scales = _empty_q(spec, 8, device)
+    with pytest.raises(ValueError, match="compute capability >= 8.9"):
+        launch.quantize(x, spec, codes, scales, hw=True)

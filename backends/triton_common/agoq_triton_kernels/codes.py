@@ -10,14 +10,21 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from agoq_triton_kernels.tables import NF4_LEVELS as NF4_LEVELS_KERNEL  # noqa: F401  (launchers' LUT)
+from agoq_triton_kernels.tables import NF4_THRESHOLDS as NF4_THRESHOLDS_KERNEL  # noqa: F401
+
 # fp32 bit fields.
 _EXP_MASK = tl.constexpr(0x7F800000)
 _ABS_MASK = tl.constexpr(0x7FFFFFFF)
 _QNAN = tl.constexpr(0x7FC00000)
+_SIGN = tl.constexpr(-0x80000000)  # 0x80000000 as an int32
+_MIN_NORMAL_BITS = tl.constexpr(0x00800000)  # 2**-126
 
-# 1.5 * 2**23: adding then subtracting it rounds an fp32 |v| < 2**22 to an integer, half to even
-# (the add's result has ulp 1). |v| <= qmax <= 127 here.
+# 1.5 * 2**23: adding it rounds an fp32 |v| < 2**22 to an integer, half to even (the sum's ulp is 1), and
+# leaves that integer in the low mantissa bits: bits(v + magic) - bits(magic) = round(v). No float->int
+# conversion instruction (a quarter-rate unit on GPUs). |v| <= qmax <= 127 here.
 _RNE_MAGIC = tl.constexpr(12582912.0)
+_RNE_MAGIC_BITS = tl.constexpr(0x4B400000)
 
 # NF4 levels (bitsandbytes' fp32 values) and the decision thresholds fp32((L[i] + L[i+1]) * 0.5),
 # exactly as agoq_core.formats.reference.nf4_thresholds() computes them; a test checks both tables
@@ -38,10 +45,6 @@ _NF4_L12 = tl.constexpr(0.44070982933044434)
 _NF4_L13 = tl.constexpr(0.5626170039176941)
 _NF4_L14 = tl.constexpr(0.7229568362236023)
 _NF4_L15 = tl.constexpr(1.0)
-NF4_LEVELS_KERNEL = (-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
-                     -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
-                     0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
-                     0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0)
 _NF4_T0 = tl.constexpr(-0.8480963706970215)
 _NF4_T1 = tl.constexpr(-0.6106328964233398)
 _NF4_T2 = tl.constexpr(-0.4599952697753906)
@@ -57,11 +60,6 @@ _NF4_T11 = tl.constexpr(0.3893125355243683)
 _NF4_T12 = tl.constexpr(0.5016634464263916)
 _NF4_T13 = tl.constexpr(0.6427869200706482)
 _NF4_T14 = tl.constexpr(0.8614784479141235)
-NF4_THRESHOLDS_KERNEL = (-0.8480963706970215, -0.6106328964233398, -0.4599952697753906,
-                         -0.33967941999435425, -0.23460739850997925, -0.13791173696517944,
-                         -0.045525018125772476, 0.03979014977812767, 0.120255246758461,
-                         0.2035212516784668, 0.2920137643814087, 0.3893125355243683,
-                         0.5016634464263916, 0.6427869200706482, 0.8614784479141235)
 
 
 # ---- fp8 <-> fp32 (integer logic; torch's algorithm, measured bit-exact in cpu-feasibility §2c) ----
@@ -145,28 +143,81 @@ def zero_code(KIND: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
-def encode(v, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr):
-    """Finite scaled fp32 values -> integer codes (int32) of the format's code kind."""
-    if KIND == 0:  # symmetric int, offset binary; clamp first (QMAX is an integer) then RNE
-        c = tl.minimum(tl.maximum(v, -QMAX), QMAX)
-        c = (c + _RNE_MAGIC) - _RNE_MAGIC
-        return c.to(tl.int32) + (1 << (BITS - 1))
-    elif KIND == 1:  # FP4 E2M1: thresholds on |v|, ties to the even mantissa ('>=' where the upper is even)
-        m = tl.abs(v)
-        idx = ((m > 0.25).to(tl.int32) + (m >= 0.75).to(tl.int32) + (m > 1.25).to(tl.int32)
-               + (m >= 1.75).to(tl.int32) + (m > 2.5).to(tl.int32) + (m >= 3.5).to(tl.int32)
-               + (m > 5.0).to(tl.int32))
-        return tl.where((v < 0.0) & (idx > 0), idx | 8, idx)  # no negative-zero code
-    elif KIND == 2:  # NF4: count thresholds strictly below v (a tie takes the lower code)
-        return ((v > _NF4_T0).to(tl.int32) + (v > _NF4_T1).to(tl.int32) + (v > _NF4_T2).to(tl.int32)
-                + (v > _NF4_T3).to(tl.int32) + (v > _NF4_T4).to(tl.int32) + (v > _NF4_T5).to(tl.int32)
-                + (v > _NF4_T6).to(tl.int32) + (v > _NF4_T7).to(tl.int32) + (v > _NF4_T8).to(tl.int32)
-                + (v > _NF4_T9).to(tl.int32) + (v > _NF4_T10).to(tl.int32) + (v > _NF4_T11).to(tl.int32)
-                + (v > _NF4_T12).to(tl.int32) + (v > _NF4_T13).to(tl.int32) + (v > _NF4_T14).to(tl.int32))
+def _encode_fp4(v):
+    """FP4 E2M1 of |v| (clamped to 6) rounded half to even, like the fp8 encoders; sign bit 8 unless
+    the magnitude code is 0. Equal to the reference's threshold table (a test checks every tie)."""
+    m = tl.minimum(tl.abs(v), 6.0)
+    a = m.to(tl.int32, bitcast=True)
+    # |v| < 1: adding 2**22 leaves spacing 0.5, so the low bits are round(|v| / 0.5) in {0, 1, 2}
+    den = (m + 4194304.0).to(tl.int32, bitcast=True) - 0x4A800000
+    # 1 <= |v| <= 6: rebias 127 -> 1, keep one mantissa bit, round half to even via the kept lsb
+    nrm = (a - (126 << 23) + 0x1FFFFF + ((a >> 22) & 1)) >> 22
+    idx = tl.where(a < 0x3F800000, den, nrm)
+    return tl.where((v < 0.0) & (idx > 0), idx | 8, idx)
+
+
+@triton.jit
+def _encode_nf4(v):
+    """NF4 code = number of thresholds strictly below v, found by a 4-step binary search over the
+    sorted thresholds (4 compares and 11 selects of constants instead of 15 compares and adds)."""
+    b3 = v > _NF4_T7
+    b2 = v > tl.where(b3, _NF4_T11, _NF4_T3)
+    b1 = v > tl.where(b3, tl.where(b2, _NF4_T13, _NF4_T9), tl.where(b2, _NF4_T5, _NF4_T1))
+    t0 = tl.where(b3, tl.where(b2, tl.where(b1, _NF4_T14, _NF4_T12), tl.where(b1, _NF4_T10, _NF4_T8)),
+                  tl.where(b2, tl.where(b1, _NF4_T6, _NF4_T4), tl.where(b1, _NF4_T2, _NF4_T0)))
+    b0 = v > t0
+    return b3.to(tl.int32) * 8 + b2.to(tl.int32) * 4 + b1.to(tl.int32) * 2 + b0.to(tl.int32)
+
+
+@triton.jit
+def bucket_encode(v, elut_ptr, PER_UNIT: tl.constexpr, OFFSET: tl.constexpr, NB: tl.constexpr):
+    """code = base_k + (v > t_k), bucket k = RNE(v * PER_UNIT) + OFFSET clamped to [0, NB) (garbage v from
+    non-finite blocks stays in bounds); table entries int64 base << 32 | bits(t_k): layout.encode_lut."""
+    k = (tl.fma(v, PER_UNIT, _RNE_MAGIC).to(tl.int32, bitcast=True) - _RNE_MAGIC_BITS) + OFFSET  # v * 2**j exact
+    w = tl.load(elut_ptr + tl.minimum(tl.maximum(k, 0), NB - 1))
+    t = w.to(tl.int32).to(tl.float32, bitcast=True)
+    return (w >> 32).to(tl.int32) + (v > t).to(tl.int32)
+
+
+@triton.jit
+def encode(v, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr, HW: tl.constexpr = False,
+           CLAMP: tl.constexpr = True):
+    """Finite scaled fp32 values -> integer codes (int32) of the format's code kind.
+
+    HW=True (CUDA, sm_89+) encodes FP8 with the hardware cvt.rn.satfinite (RNE; exact here because v
+    is clamped to +-qmax first). HW=False uses integer logic (the interpreter's fp8 casts are wrong,
+    Ascend 910B has no fp8).
+
+    CLAMP=False skips the clamp to +-qmax. Only for v = RN(x / RN(absmax / qmax)) with |x| <= absmax:
+    then |v| <= qmax (1 + 2**-22), which every code rounds back to +-qmax (int: below qmax + 1/2; FP4,
+    FP8: far below the next binade), so the clamp cannot change a code there (the kernels of this
+    package; one instruction per element saved).
+    """
+    if KIND == 0:  # symmetric int, offset binary; RNE via the magic add
+        if CLAMP:
+            v = tl.minimum(tl.maximum(v, -QMAX), QMAX)
+        c = v + _RNE_MAGIC
+        return c.to(tl.int32, bitcast=True) - (_RNE_MAGIC_BITS - (1 << (BITS - 1)))
+    elif KIND == 1:
+        return _encode_fp4(v)
+    elif KIND == 2:
+        return _encode_nf4(v)
     elif KIND == 3:
-        return f32_to_e4m3_bits(tl.minimum(tl.maximum(v, -QMAX), QMAX))
+        vc = v
+        if CLAMP:
+            vc = tl.minimum(tl.maximum(v, -QMAX), QMAX)
+        if HW:
+            return vc.to(tl.float8e4nv).to(tl.int8, bitcast=True).to(tl.int32) & 0xFF
+        else:
+            return f32_to_e4m3_bits(vc)
     else:
-        return f32_to_e5m2_bits(tl.minimum(tl.maximum(v, -QMAX), QMAX))
+        vc = v
+        if CLAMP:
+            vc = tl.minimum(tl.maximum(v, -QMAX), QMAX)
+        if HW:
+            return vc.to(tl.float8e5).to(tl.int8, bitcast=True).to(tl.int32) & 0xFF
+        else:
+            return f32_to_e5m2_bits(vc)
 
 
 @triton.jit
@@ -195,8 +246,10 @@ def _nf4_select(c):
 
 
 @triton.jit
-def decode(c, lut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, NF4_LUT: tl.constexpr):
-    """Integer codes (int32) -> fp32 values before scaling (the reference's decode_table)."""
+def decode(c, lut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, NF4_LUT: tl.constexpr, HW: tl.constexpr = False):
+    """Integer codes (int32) -> fp32 values before scaling (the reference's decode_table).
+
+    HW=True decodes FP8 with the hardware conversion (exact: every fp8 value is an fp16 value)."""
     if KIND == 0:
         return (c - (1 << (BITS - 1))).to(tl.float32)
     elif KIND == 1:
@@ -211,6 +264,12 @@ def decode(c, lut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, NF4_LUT: tl.const
         else:
             return _nf4_select(c)
     elif KIND == 3:
-        return e4m3_bits_to_f32(c)
+        if HW:
+            return c.to(tl.int8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        else:
+            return e4m3_bits_to_f32(c)
     else:
-        return e5m2_bits_to_f32(c)
+        if HW:
+            return c.to(tl.int8).to(tl.float8e5, bitcast=True).to(tl.float32)
+        else:
+            return e5m2_bits_to_f32(c)

@@ -18,6 +18,11 @@ under numpy >= 2.4 (triton-lang/triton#9171, fixed after 3.6), and CPU CI runs t
 
 Launch with fp-contraction off (CUDA: ``enable_fp_fusion=False``): ``decode(c) * s + g`` must round
 twice, as the reference does, not once as an FMA would.
+
+``HW`` (constexpr) selects what the hardware may do: False = integer logic and tl.math.div_rn only (the
+Triton interpreter, and Ascend), True = CUDA sm_89+: hardware fp8 and bf16 conversions (exact RNE on
+clamped inputs) and the FMA-based quotient of _scaled_quotient. Both are bit-exact with the reference;
+HW=True only needs fewer instructions (these kernels are ALU-bound on an H200, not memory-bound).
 """
 from __future__ import annotations
 
@@ -25,7 +30,8 @@ import triton
 import triton.language as tl
 
 from agoq_triton_kernels.codes import (
-    _ABS_MASK, _EXP_MASK, _QNAN, bf16_bits_to_f32, decode, encode, f32_to_bf16_bits, zero_code,
+    _ABS_MASK, _EXP_MASK, _MIN_NORMAL_BITS, _QNAN, _SIGN, bf16_bits_to_f32, bucket_encode, decode, encode,
+    f32_to_bf16_bits, zero_code,
 )
 
 __all__ = ["quantize_kernel", "dequantize_kernel", "accumulate_kernel", "reduce_requantize_kernel"]
@@ -41,11 +47,14 @@ def _load_f32(ptr, offs, mask, FLOAT: tl.constexpr):
 
 
 @triton.jit
-def _store_f32(ptr, offs, x, mask, FLOAT: tl.constexpr):
+def _store_f32(ptr, offs, x, mask, FLOAT: tl.constexpr, HW: tl.constexpr):
     if FLOAT == 0:
         tl.store(ptr + offs, x, mask=mask)
-    elif FLOAT == 1:
-        tl.store(ptr + offs, f32_to_bf16_bits(x).to(tl.int16), mask=mask)
+    elif FLOAT == 1:  # bf16 through its int16 view
+        if HW:  # cvt.rn.bf16x2.f32: RNE (NaN payloads differ from torch's CPU cast; not part of the contract)
+            tl.store(ptr + offs, x.to(tl.bfloat16).to(tl.int16, bitcast=True), mask=mask)
+        else:  # the interpreter's bf16 cast truncates: integer RNE instead
+            tl.store(ptr + offs, f32_to_bf16_bits(x).to(tl.int16), mask=mask)
     else:
         tl.store(ptr + offs, x.to(tl.float16), mask=mask)  # fptrunc: RNE on GPU and in the interpreter
 
@@ -58,7 +67,9 @@ def _tile(t, n, n_blocks, ROWS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.c
     elem = rows[:, None] * BLOCK + cols[None, :]
     if RAGGED:  # the launch holding the last, partial block: mask element by element
         emask = (cols[None, :] < BLOCK) & (elem < n)
-    else:  # whole blocks only: a row mask keeps the loads vectorizable whatever n is
+    elif BLOCK == BLOCK_P:  # whole power-of-two blocks: one compare per row, loads stay vectorized
+        emask = (rows[:, None] < n_blocks) & (cols[None, :] >= 0)
+    else:
         emask = (cols[None, :] < BLOCK) & (rows[:, None] < n_blocks)
     return rows, elem, emask
 
@@ -74,25 +85,72 @@ def _group_mask(rows, k, n, n_blocks, G: tl.constexpr, BLOCK: tl.constexpr, RAGG
 
 # ---- the block quantizer on a register tile -------------------------------------------------------------
 @triton.jit
-def _quantize_tile(x, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr):
+def _scaled_quotient(xf, scale, FAST_DIV: tl.constexpr):
+    """RN(xf / scale) per element, scale per row (> 0; rows with scale 0 give garbage the caller drops).
+
+    FAST_DIV=False: one correctly rounded division per element (tl.math.div_rn).
+    FAST_DIV=True (needs a true fused multiply-add, so not the interpreter, whose fma rounds twice):
+    per row, b = scale * 2**k in [2, 4) (exact) and y = RN(1/b); per element, q = x'y then two
+    Markstein corrections q <- RN(q + RN(x' - b q) y) with x' = x 2**k. The first makes q faithful,
+    after which x' - b q is exact and the second gives RN(x'/b) = RN(x/scale) (Markstein's theorem:
+    y within half an ulp of 1/b, q within one ulp). The 2**k scaling keeps every remainder above
+    the subnormal range; quotients below 2**-100 may differ but every code maps them to zero
+    (their sign is restored by the caller). 6 flops instead of a ~12-instruction division.
+    """
+    if FAST_DIV:
+        k = ((255 - ((scale.to(tl.int32, bitcast=True) >> 23) & 0xFF)) << 23).to(tl.float32, bitcast=True)
+        b = scale * k
+        nb = -b[:, None]
+        y = tl.math.div_rn(1.0, b)[:, None]
+        x2 = xf * k[:, None]
+        q = x2 * y
+        q = tl.fma(tl.fma(nb, q, x2), y, q)
+        return tl.fma(tl.fma(nb, q, x2), y, q)
+    else:
+        return tl.math.div_rn(xf, tl.where(scale == 0.0, 1.0, scale)[:, None])
+
+
+@triton.jit
+def _encode_tile(v, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr, HW: tl.constexpr,
+                 LUT: tl.constexpr):
+    """encode() without the clamp (see its CLAMP note); NF4 from the bucket table when LUT: one gather
+    instead of a 15-threshold search (sm_90 SASS: 45 instead of 66 instructions per element). Ascend,
+    where gathers are slow, passes LUT=False. FP4 stays on bit logic: its bucket table measured slower."""
+    if LUT:
+        if KIND == 2:
+            return bucket_encode(v, elut_ptr, 16.0, 16, 33)
+        else:
+            return encode(v, KIND, BITS, QMAX, HW, False)
+    else:
+        return encode(v, KIND, BITS, QMAX, HW, False)
+
+
+@triton.jit
+def _quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr, HW: tl.constexpr,
+                   LUT: tl.constexpr):
     """x: fp32 [ROWS, BLOCK_P] (masked lanes hold 0) -> (codes int32 [ROWS, BLOCK_P], scales fp32 [ROWS]).
 
-    Contract steps: flush |x| < 2**-126 and non-finite lanes to 0 (exponent bits), non-finite flag,
-    absmax, scale = absmax / qmax correctly rounded (< 2**-126 -> 0), v = x / scale correctly rounded,
-    encode; a non-finite block gets scale NaN and every code = zero_code.
+    Contract steps: flush |x| < 2**-126 (exponent bits), per-block non-finite flag and absmax,
+    scale = absmax / qmax correctly rounded (< 2**-126 -> 0), v = x / scale correctly rounded, encode;
+    a block with NaN/Inf gets scale NaN, a block with scale 0 all zero codes.
+    The absmax runs on magnitude bits (integer order = value order for non-negative floats; NaN/Inf
+    sort above every finite value, which is exactly the non-finite flag), and non-finite or zero-scale
+    blocks need no clean-up of their lanes: their codes are replaced wholesale at the end.
     """
     bits = x.to(tl.int32, bitcast=True)
-    expo = bits & _EXP_MASK
-    keep = (expo != 0) & (expo != _EXP_MASK)
-    bad = tl.max((expo == _EXP_MASK).to(tl.int32), axis=1) > 0
-    # absmax on the magnitude bits: for non-negative fp32, integer order is value order (no NaN here).
-    amax = tl.max(tl.where(keep, bits & _ABS_MASK, 0), axis=1).to(tl.float32, bitcast=True)
+    a = bits & _ABS_MASK
+    rowmax = tl.max(a, axis=1)
+    bad = rowmax >= _EXP_MASK
+    amax = tl.where(rowmax < _MIN_NORMAL_BITS, 0, rowmax).to(tl.float32, bitcast=True)
     scale = tl.math.div_rn(amax, QMAX)
     scale = tl.where((scale.to(tl.int32, bitcast=True) & _EXP_MASK) == 0, 0.0, scale)
-    zero_s = scale == 0.0
-    v = tl.math.div_rn(tl.where(keep, x, 0.0), tl.where(zero_s, 1.0, scale)[:, None])
-    v = tl.where(zero_s[:, None], 0.0, v)
-    codes = tl.where(bad[:, None], zero_code(KIND, BITS), encode(v, KIND, BITS, QMAX))
+    xf = tl.where(a < _MIN_NORMAL_BITS, 0.0, x)
+    v = _scaled_quotient(xf, scale, HW)
+    if HW:
+        if KIND >= 3:  # fp8 keeps the sign of a tiny quotient: take it from x (exact: sign(x/s) = sign(x))
+            v = ((v.to(tl.int32, bitcast=True) & _ABS_MASK)
+                 | (xf.to(tl.int32, bitcast=True) & _SIGN)).to(tl.float32, bitcast=True)
+    codes = tl.where((bad | (scale == 0.0))[:, None], zero_code(KIND, BITS), _encode_tile(v, elut_ptr, KIND, BITS, QMAX, HW, LUT))
     scale = tl.where(bad, _QNAN, scale.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
     return codes, scale
 
@@ -190,11 +248,11 @@ def _load_codes(codes_ptr, rows, elem, emask, n, n_blocks, ROWS: tl.constexpr, B
 @triton.jit
 def _dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, elem, emask, n, n_blocks, ROWS: tl.constexpr,
                      KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
-                     NF4_LUT: tl.constexpr, RAGGED: tl.constexpr):
+                     NF4_LUT: tl.constexpr, RAGGED: tl.constexpr, HW: tl.constexpr):
     """fp32 decode(code) * scale for a tile (one rounding: a plain fp32 multiply)."""
     c = _load_codes(codes_ptr, rows, elem, emask, n, n_blocks, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
     s = tl.load(scales_ptr + rows, mask=rows < n_blocks, other=0.0)
-    return decode(c, lut_ptr, KIND, BITS, NF4_LUT) * s[:, None]
+    return decode(c, lut_ptr, KIND, BITS, NF4_LUT, HW) * s[:, None]
 
 
 # ---- kernels --------------------------------------------------------------------------------------------
@@ -205,15 +263,16 @@ _SIZES = ["n", "n_blocks", "n_tiles"]
 
 
 @triton.jit(do_not_specialize=_SIZES)
-def quantize_kernel(x_ptr, codes_ptr, scales_ptr, n, n_blocks, n_tiles,
+def quantize_kernel(x_ptr, codes_ptr, scales_ptr, elut_ptr, n, n_blocks, n_tiles,
                     KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
-                    QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, X_FLOAT: tl.constexpr):
+                    QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, X_FLOAT: tl.constexpr,
+                    NF4_LUT: tl.constexpr, HW: tl.constexpr):
     """x (n elements; fp32/fp16, or bf16 as int16) -> codes (int8 view of the uint8 buffer), scales fp32."""
     t = tl.program_id(0)
     while t < n_tiles:
         rows, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
         x = _load_f32(x_ptr, elem, emask, X_FLOAT)
-        codes, scale = _quantize_tile(x, KIND, BITS, QMAX)
+        codes, scale = _quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT)
         _store_codes(codes_ptr, codes, rows, elem, emask, n, n_blocks, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
         tl.store(scales_ptr + rows, scale, mask=rows < n_blocks)
         t += tl.num_programs(0)
@@ -223,22 +282,22 @@ def quantize_kernel(x_ptr, codes_ptr, scales_ptr, n, n_blocks, n_tiles,
 def dequantize_kernel(codes_ptr, scales_ptr, lut_ptr, out_ptr, n, n_blocks, n_tiles,
                       KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
                       QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, OUT_FLOAT: tl.constexpr,
-                      NF4_LUT: tl.constexpr):
+                      NF4_LUT: tl.constexpr, HW: tl.constexpr):
     """codes + scales -> out (fp32/fp16, or bf16 as int16): fp32 decode * scale, one RNE cast."""
     t = tl.program_id(0)
     while t < n_tiles:
         rows, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
         y = _dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, elem, emask, n, n_blocks,
-                             ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED)
-        _store_f32(out_ptr, elem, y, emask, OUT_FLOAT)
+                             ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW)
+        _store_f32(out_ptr, elem, y, emask, OUT_FLOAT, HW)
         t += tl.num_programs(0)
 
 
 @triton.jit(do_not_specialize=_SIZES)
-def accumulate_kernel(codes_ptr, scales_ptr, lut_ptr, g_ptr, n, n_blocks, n_tiles,
+def accumulate_kernel(codes_ptr, scales_ptr, lut_ptr, elut_ptr, g_ptr, n, n_blocks, n_tiles,
                       KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
                       QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, G_FLOAT: tl.constexpr,
-                      NF4_LUT: tl.constexpr):
+                      NF4_LUT: tl.constexpr, HW: tl.constexpr):
     """In place: (codes, scales) <- Q(D(codes, scales) + g), D in fp32 and one fp32 add.
 
     Each tile reads its own blocks before writing them, so in-place is race-free."""
@@ -246,10 +305,10 @@ def accumulate_kernel(codes_ptr, scales_ptr, lut_ptr, g_ptr, n, n_blocks, n_tile
     while t < n_tiles:
         rows, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
         d = _dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, elem, emask, n, n_blocks,
-                             ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED)
+                             ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW)
         g = _load_f32(g_ptr, elem, emask, G_FLOAT)
         acc = tl.where(emask, d + g, 0.0)  # padding lanes are 0, whatever garbage the pad codes hold
-        codes, scale = _quantize_tile(acc, KIND, BITS, QMAX)
+        codes, scale = _quantize_tile(acc, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT)
         _store_codes(codes_ptr, codes, rows, elem, emask, n, n_blocks, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
         tl.store(scales_ptr + rows, scale, mask=rows < n_blocks)
         t += tl.num_programs(0)
@@ -257,10 +316,11 @@ def accumulate_kernel(codes_ptr, scales_ptr, lut_ptr, g_ptr, n, n_blocks, n_tile
 
 # The rank strides stay specialized: knowing codes_stride % 16 == 0 keeps the other ranks' loads vectorized.
 @triton.jit(do_not_specialize=_SIZES + ["world"])
-def reduce_requantize_kernel(codes_ptr, scales_ptr, lut_ptr, codes_out_ptr, scales_out_ptr,
+def reduce_requantize_kernel(codes_ptr, scales_ptr, lut_ptr, elut_ptr, codes_out_ptr, scales_out_ptr,
                              n, n_blocks, n_tiles, world, codes_stride, scales_stride,
                              KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
-                             QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, NF4_LUT: tl.constexpr):
+                             QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, NF4_LUT: tl.constexpr,
+                             HW: tl.constexpr):
     """codes[world, codes_stride], scales[world, scales_stride] -> Q(((D0 + D1) + D2) + ...).
 
     The fp32 sum runs in rank order (a left fold), so every rank and every backend gets the same bits."""
@@ -268,15 +328,15 @@ def reduce_requantize_kernel(codes_ptr, scales_ptr, lut_ptr, codes_out_ptr, scal
     while t < n_tiles:
         rows, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
         acc = _dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, elem, emask, n, n_blocks,
-                               ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED)
+                               ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW)
         r = 1
         while r < world:
             acc = acc + _dequantize_tile(codes_ptr + r * codes_stride, scales_ptr + r * scales_stride, lut_ptr,
                                          rows, elem, emask, n, n_blocks, ROWS, KIND, BITS, BLOCK, BLOCK_P,
-                                         NF4_LUT, RAGGED)
+                                         NF4_LUT, RAGGED, HW)
             r += 1
         acc = tl.where(emask, acc, 0.0)
-        codes, scale = _quantize_tile(acc, KIND, BITS, QMAX)
+        codes, scale = _quantize_tile(acc, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT)
         _store_codes(codes_out_ptr, codes, rows, elem, emask, n, n_blocks, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
         tl.store(scales_out_ptr + rows, scale, mask=rows < n_blocks)
         t += tl.num_programs(0)

@@ -10,7 +10,8 @@ import triton.language as tl
 from agoq_core.formats import reference as ref
 from agoq_core.formats.spec import NF4_LEVELS, get_format, list_formats
 from agoq_triton_kernels import codes as C
-from agoq_triton_kernels.layout import KIND_IDS
+from agoq_triton_kernels import tables
+from agoq_triton_kernels.layout import KIND_IDS, encode_lut
 
 _TO_E4M3, _TO_E5M2, _TO_BF16 = 0, 1, 2
 _FROM_E4M3, _FROM_E5M2, _FROM_BF16 = 0, 1, 2
@@ -45,22 +46,33 @@ def _int_to_float(c_ptr, y_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _encode_decode(v_ptr, c_ptr, lut_ptr, d_ptr, n, KIND: tl.constexpr, BITS: tl.constexpr,
-                   QMAX: tl.constexpr, NF4_LUT: tl.constexpr, BLOCK: tl.constexpr):
+def _encode_decode(v_ptr, c_ptr, lut_ptr, elut_ptr, d_ptr, n, KIND: tl.constexpr, BITS: tl.constexpr,
+                   QMAX: tl.constexpr, NF4_LUT: tl.constexpr, HW: tl.constexpr, ENC: tl.constexpr,
+                   BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     v = tl.load(v_ptr + offs, mask=m, other=0.0)
-    tl.store(c_ptr + offs, C.encode(v, KIND, BITS, QMAX), mask=m)
+    if ENC == 0:
+        code = C.encode(v, KIND, BITS, QMAX, HW)
+    elif ENC == 1:  # the kernels' unclamped encode (inputs stay within qmax (1 + 2**-22))
+        code = C.encode(v, KIND, BITS, QMAX, HW, False)
+    elif ENC == 2:  # NF4 bucket table
+        code = C.bucket_encode(v, elut_ptr, 16.0, 16, 33)
+    else:  # FP4 bucket table on |v|
+        mag = C.bucket_encode(tl.abs(v), elut_ptr, 4.0, 0, 33)
+        code = tl.where((v < 0.0) & (mag > 0), mag | 8, mag)
+    tl.store(c_ptr + offs, code, mask=m)
     c = tl.load(c_ptr + offs, mask=m, other=0)
-    tl.store(d_ptr + offs, C.decode(c, lut_ptr, KIND, BITS, NF4_LUT), mask=m)
+    tl.store(d_ptr + offs, C.decode(c, lut_ptr, KIND, BITS, NF4_LUT, HW), mask=m)
 
 
 @triton.jit
 def _decode_only(c_ptr, lut_ptr, d_ptr, n, KIND: tl.constexpr, BITS: tl.constexpr, NF4_LUT: tl.constexpr,
-                 BLOCK: tl.constexpr):
+                 HW: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     m = offs < n
-    tl.store(d_ptr + offs, C.decode(tl.load(c_ptr + offs, mask=m, other=0), lut_ptr, KIND, BITS, NF4_LUT), mask=m)
+    c = tl.load(c_ptr + offs, mask=m, other=0)
+    tl.store(d_ptr + offs, C.decode(c, lut_ptr, KIND, BITS, NF4_LUT, HW), mask=m)
 
 
 _BLOCK = 1 << 14
@@ -160,8 +172,8 @@ def test_bf16_bits_to_f32_keeps_subnormals(device):
 
 
 def test_nf4_tables_match_the_core():
-    assert C.NF4_LEVELS_KERNEL == tuple(NF4_LEVELS)
-    assert C.NF4_THRESHOLDS_KERNEL == ref.nf4_thresholds()
+    assert C.NF4_LEVELS_KERNEL == tables.NF4_LEVELS == tuple(NF4_LEVELS)
+    assert C.NF4_THRESHOLDS_KERNEL == tables.NF4_THRESHOLDS == ref.nf4_thresholds()
     for i, t in enumerate(C.NF4_THRESHOLDS_KERNEL):
         assert getattr(C, f"_NF4_T{i}").value == t
     for i, lv in enumerate(C.NF4_LEVELS_KERNEL):
@@ -183,20 +195,34 @@ def _scaled_probe(spec, seed: int) -> torch.Tensor:
                       torch.nextafter(mids, torch.full_like(mids, -1e9)), rnd, edge])
 
 
-@pytest.mark.parametrize("fmt,nf4_lut", _FMT_VARIANTS, ids=_FMT_IDS)
-def test_encode_decode_match_reference(fmt, nf4_lut, device):
+# (format, nf4 decode via LUT, hardware conversions, encoder): 0 = encode(), 1 = encode(CLAMP=False) as the
+# kernels call it, 2 = the NF4 bucket table, 3 = the FP4 bucket table
+_ENC_VARIANTS = ([(s.name, True, hw, enc) for s in list_formats() for hw in (False, True) for enc in (0, 1)]
+                 + [("nf4", False, False, 0), ("nf4", True, False, 2), ("fp4_e2m1", True, False, 3)])
+_ENC_IDS = [f"{f}-{'lut' if lut else 'select'}-hw{int(hw)}-enc{e}" for f, lut, hw, e in _ENC_VARIANTS]
+
+
+@pytest.mark.parametrize("fmt,nf4_lut,hw,enc", _ENC_VARIANTS, ids=_ENC_IDS)
+def test_encode_decode_match_reference(fmt, nf4_lut, hw, enc, device):
+    if hw and device.type != "cuda":
+        pytest.skip("hardware fp8/bf16 conversions are GPU-only (the interpreter's are wrong)")
     spec = get_format(fmt)
     v = _scaled_probe(spec, seed=len(fmt))
+    if enc == 1:  # unclamped: the kernels only pass |v| <= qmax (1 + 2**-22)
+        v = v[v.abs() <= spec.qmax * (1 + 2.0**-22)]
     n = v.numel()
     codes = torch.empty(n, dtype=torch.int32, device=device)
     dec = torch.empty(n, dtype=torch.float32, device=device)
     lut = torch.tensor(C.NF4_LEVELS_KERNEL, dtype=torch.float32, device=device)
-    _encode_decode[(triton.cdiv(n, _BLOCK),)](v.to(device), codes, lut, dec, n, KIND=KIND_IDS[spec.kind],
-                                              BITS=spec.bits, QMAX=spec.qmax, NF4_LUT=nf4_lut, BLOCK=_BLOCK)
+    elut = torch.tensor(encode_lut(spec.kind), dtype=torch.int64, device=device)
+    _encode_decode[(triton.cdiv(n, _BLOCK),)](v.to(device), codes, lut, elut, dec, n, KIND=KIND_IDS[spec.kind],
+                                              BITS=spec.bits, QMAX=spec.qmax, NF4_LUT=nf4_lut, HW=hw, ENC=enc,
+                                              BLOCK=_BLOCK)
     want = ref.encode(v, spec).to(torch.int32)
     got = codes.cpu()
     bad = (got != want).nonzero().flatten()
-    assert bad.numel() == 0, f"{fmt}: v={v[bad[0]].item()!r}: got code {int(got[bad[0]])} want {int(want[bad[0]])}"
+    assert bad.numel() == 0, (f"{fmt} hw={hw} enc={enc}: v={v[bad[0]].item()!r}: got code {int(got[bad[0]])} "
+                              f"want {int(want[bad[0]])}")
     _same_bits_nan_aware(dec.cpu(), ref.decode_table(spec)[want.long()])
 
 
@@ -208,6 +234,7 @@ def test_decode_every_code(fmt, nf4_lut, device):
     c = torch.arange(1 << spec.bits, dtype=torch.int32)
     dec = torch.empty(c.numel(), dtype=torch.float32, device=device)
     lut = torch.tensor(C.NF4_LEVELS_KERNEL, dtype=torch.float32, device=device)
-    _decode_only[(1,)](c.to(device), lut, dec, c.numel(), KIND=KIND_IDS[spec.kind], BITS=spec.bits,
-                       NF4_LUT=nf4_lut, BLOCK=256)
-    _same_bits_nan_aware(dec.cpu(), ref.decode_table(spec))
+    for hw in ([False, True] if device.type == "cuda" else [False]):
+        _decode_only[(1,)](c.to(device), lut, dec, c.numel(), KIND=KIND_IDS[spec.kind], BITS=spec.bits,
+                           NF4_LUT=nf4_lut, HW=hw, BLOCK=256)
+        _same_bits_nan_aware(dec.cpu(), ref.decode_table(spec))

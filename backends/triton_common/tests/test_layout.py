@@ -50,3 +50,34 @@ def test_distribution_does_not_depend_on_triton():
     meta = tomllib.loads((_ROOT / "pyproject.toml").read_text())["project"]
     assert meta["name"] == "agoq-triton-kernels"
     assert not [d for d in meta.get("dependencies", []) if d.split()[0].lower().startswith("triton")]
+
+
+@pytest.mark.parametrize("kind,per_unit,offset", [("nf4", 16.0, 16), ("fp4_e2m1", 4.0, 0)])
+def test_bucket_tables_agree_with_thresholds(kind, per_unit, offset):
+    """base_k + (v > t_k) counts the thresholds below v for values all over each bucket."""
+    import struct
+
+    import torch
+
+    from agoq_core.formats import reference as ref
+    from agoq_core.formats.spec import get_format
+    from agoq_triton_kernels.layout import ENCODE_LUT_SIZE, encode_lut
+
+    table = encode_lut(kind)
+    assert len(table) == ENCODE_LUT_SIZE
+    spec = get_format(kind)
+    lo = -1.0 if kind == "nf4" else 0.0
+    hi = 1.0 if kind == "nf4" else 6.0
+    v = torch.linspace(lo, hi, 20001)
+    want = ref.encode(v, spec)
+    for i, x in enumerate(v.tolist()):
+        k = min(max(round(x * per_unit) + offset, 0), ENCODE_LUT_SIZE - 1)  # python round = half even
+        base, tbits = table[k] >> 32, table[k] & 0xFFFFFFFF
+        t = struct.unpack("<f", struct.pack("<I", tbits))[0]
+        assert base + (x > t) == int(want[i]) & 7 if kind == "fp4_e2m1" else base + (x > t) == int(want[i])
+
+
+def test_encode_lut_of_other_kinds_is_empty():
+    from agoq_triton_kernels.layout import encode_lut
+
+    assert set(encode_lut("int")) == {0}
