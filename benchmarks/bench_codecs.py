@@ -245,8 +245,8 @@ def main(argv=None) -> dict:
             codes = torch.empty(spec.code_bytes(n), dtype=torch.uint8, device=dev)
             scales = torch.empty(spec.num_blocks(n), dtype=torch.float32, device=dev)
             out = torch.empty(n, dtype=torch.bfloat16, device=dev)
-            for lanes in (2048, 4096, 8192):
-                for per_sm in (8, None):
+            for lanes in (1024, 2048, 4096):
+                for per_sm in (None,):
                     if over_deadline():
                         break
                     r = max(1, lanes // bp)

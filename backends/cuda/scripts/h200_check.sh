@@ -21,7 +21,7 @@ nvidia-smi -L; python3 -c "import torch, triton; print('torch', torch.__version_
 python3 -m agoq_core.cli.main backends
 t0=$(date +%s)
 # 1. bit-exact tests on CUDA tensors (+ the conformance cases as pytest, which also fills the Triton cache)
-timeout 180 python3 -m pytest -n 16 -q -p no:cacheprovider backends/triton_common/tests backends/cuda/tests \
+timeout 180 python3 -m pytest -n 16 -q -p no:cacheprovider backends/triton_common/tests backends/cuda/tests --ignore=backends/cuda/tests/fusion \
   conformance_tests --agoq-backend cuda > "$OUT/pytest.log" 2>&1; echo "pytest rc=$? ($(( $(date +%s) - t0 )) s)"
 tail -n 15 "$OUT/pytest.log"
 # 2. the conformance report (single process; compiled kernels come from the cache)
