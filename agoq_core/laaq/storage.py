@@ -10,6 +10,7 @@ element, 12 GiB for one 64K-token LLaMA-2-7B gate/up output if done in one piece
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Union
 
 import torch
@@ -19,7 +20,7 @@ from agoq_core.backend import get_backend
 from agoq_core.formats.spec import FormatSpec
 from agoq_core.formats.tensor import QuantizedTensor
 
-__all__ = ["Stored", "store", "load", "stored_nbytes", "stored_tensors", "add_listener", "remove_listener"]
+__all__ = ["Stored", "store", "load", "load_rows", "row_alignment", "stored_nbytes", "stored_tensors", "add_listener", "remove_listener"]
 
 Stored = Union[QuantizedTensor, torch.Tensor]
 
@@ -59,20 +60,22 @@ def _quantize(x: torch.Tensor, spec: FormatSpec, backend: str | None) -> Quantiz
     return q
 
 
-def _dequantize(q: QuantizedTensor, dtype: torch.dtype, backend: str | None) -> torch.Tensor:
-    out = torch.empty(q.shape, dtype=dtype, device=q.device)
-    n = q.numel
-    if n == 0 or q.device.type == "meta":
+def _dequantize(q: QuantizedTensor, dtype: torch.dtype, backend: str | None, lo: int = 0,
+                hi: int | None = None, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    """Elements [lo, hi) of the flattened ``q`` (lo on a block boundary) as a tensor of ``shape``."""
+    hi = q.numel if hi is None else hi
+    out = torch.empty(shape if shape is not None else q.shape, dtype=dtype, device=q.device)
+    if hi <= lo or q.device.type == "meta":
         return out
     be = get_backend(backend)
     check_supported(be, q.spec, q.device, "dequantize")
     flat = out.view(-1)
     spec = q.spec
     step = max(spec.block, (_CHUNK // spec.block) * spec.block)
-    for lo in range(0, n, step):
-        hi = min(n, lo + step)
-        be.dequantize_into(q.codes[spec.code_bytes(lo):spec.code_bytes(hi)],
-                           q.scales[lo // spec.block:-(-hi // spec.block)], spec, flat[lo:hi])
+    for a in range(lo, hi, step):
+        b = min(hi, a + step)
+        be.dequantize_into(q.codes[spec.code_bytes(a):spec.code_bytes(b)],
+                           q.scales[a // spec.block:-(-b // spec.block)], spec, flat[a - lo:b - lo])
     return out
 
 
@@ -90,6 +93,27 @@ def load(s: Stored, dtype: torch.dtype | None = None, backend: str | None = None
     if isinstance(s, QuantizedTensor):
         return _dequantize(s, dtype or s.dtype, backend)
     return s if dtype is None or s.dtype == dtype else s.to(dtype)
+
+
+def row_alignment(s: Stored, row: int) -> int:
+    """Rows of ``row`` elements per aligned group: slices of whole groups start on a block boundary."""
+    if not isinstance(s, QuantizedTensor):
+        return 1
+    return s.spec.block // math.gcd(row, s.spec.block)
+
+
+def load_rows(s: Stored, r0: int, r1: int, dtype: torch.dtype | None = None,
+              backend: str | None = None) -> torch.Tensor:
+    """Rows [r0, r1) of ``s`` seen as [-1, last dim], as a 2-D tensor. For a QuantizedTensor only those
+    rows are decoded; ``r0`` must be a multiple of :func:`row_alignment`."""
+    row = s.shape[-1]
+    if isinstance(s, QuantizedTensor):
+        if (r0 * row) % s.spec.block:
+            raise ValueError(f"load_rows: row {r0} of {row} elements does not start on a {s.spec.block}-element "
+                             f"block; use multiples of row_alignment() = {row_alignment(s, row)}")
+        return _dequantize(s, dtype or s.dtype, backend, r0 * row, r1 * row, (r1 - r0, row))
+    rows = s.reshape(-1, row)[r0:r1]
+    return rows if dtype is None or rows.dtype == dtype else rows.to(dtype)
 
 
 def stored_tensors(s: Stored) -> tuple[torch.Tensor, ...]:

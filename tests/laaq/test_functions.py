@@ -88,7 +88,11 @@ def test_norm_feeding_three_linears_matches_oracle_and_recomputes_once(rng):
         r.undo()
 
 
-def test_swiglu_standalone_keeps_gate_up_and_its_input(rng):
+@pytest.mark.parametrize("chunk_elems", [1 << 25, 100, 72 * 16 + 5])  # one pass; chunks of 16 rows
+def test_swiglu_standalone_keeps_gate_up_and_its_input(rng, monkeypatch, chunk_elems):
+    from agoq_core.laaq import functions
+
+    monkeypatch.setattr(functions, "BACKWARD_CHUNK_ELEMS", chunk_elems)
     mlp = SwiGLU(D, FF)
     cfg = LAAQConfig(mlp_act_input="int5", linear_input="int6")
     rep = convert_swiglu(mlp, cfg, gate="w1", up="w3", down="w2", act="act")
@@ -114,7 +118,11 @@ def test_swiglu_standalone_keeps_gate_up_and_its_input(rng):
     torch.testing.assert_close(x.grad, dg @ mlp.w1.weight + du @ mlp.w3.weight, rtol=1e-12, atol=1e-12)
 
 
-def test_norm_then_swiglu_recomputes_the_mlp_input(rng):
+@pytest.mark.parametrize("chunk_elems", [1 << 25, 72 * 5])  # one pass; 16-token chunks (nf4 block alignment)
+def test_norm_then_swiglu_recomputes_the_mlp_input(rng, monkeypatch, chunk_elems):
+    from agoq_core.laaq import functions
+
+    monkeypatch.setattr(functions, "BACKWARD_CHUNK_ELEMS", chunk_elems)
     norm, mlp = CountingRMSNorm(D), SwiGLU(D, FF)
     reps = [convert_norm(norm), convert_swiglu(mlp, gate="w1", up="w3", down="w2", act="act")]
     x = torch.randn(3, T, D, dtype=torch.float64, requires_grad=True)
