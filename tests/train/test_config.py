@@ -21,8 +21,10 @@ def test_defaults_are_valid_and_derived_values_follow():
     assert cfg.model == "tiny" and cfg.arms == ("baseline", "agoq")
     assert cfg.warmup_steps == cfg.steps // 10
     assert cfg.tokens_per_step == cfg.seq_len * cfg.micro_batch * cfg.grad_accum * cfg.dp
-    c2 = TrainConfig(nproc=4, pp=2, grad_accum=3, micro_batch=4, seq_len=16)
-    assert c2.dp == 2 and c2.tokens_per_step == 16 * 4 * 3 * 2
+    c2 = TrainConfig(nproc=4, grad_accum=3, micro_batch=4, seq_len=16)
+    assert c2.dp == 4 and c2.tokens_per_step == 16 * 4 * 3 * 4
+    c3 = TrainConfig(nproc=2, pp=2, micro_batch=8)
+    assert c3.dp == 1 and c3.num_pp_microbatches == 4 and c3.tokens_per_step == 128 * 8
 
 
 @pytest.mark.parametrize("suffix,text", [
@@ -57,6 +59,8 @@ def test_flags_override_the_config_file(tmp_path):
     ({"nproc": -2}, "nproc must be a positive integer"),
     ({"nproc": 2.0}, "nproc must be a positive integer"),
     ({"nproc": 3, "pp": 2}, "nproc (3) must be a multiple of pp (2)"),
+    ({"nproc": 4, "pp": 2}, "would mean 2 data-parallel pipeline replicas"),
+    ({"nproc": 2, "pp": 2, "pp_schedule": "zb"}, "pp_schedule must be gpipe, 1f1b or interleaved-1f1b"),
     ({"ablations": ["uniform4"]}, "unknown ablation 'uniform4'; choose from"),
     ({"ablations": ["uniform4-attn", "uniform4-attn"]}, "ablation listed twice"),
     ({"steps": 10, "warmup_steps": 10}, "warmup_steps (10) must be smaller than steps (10)"),
