@@ -18,4 +18,4 @@ def qg_w2():
 def qg_w4():
     from .qg_workers import session
 
-    return run_ranks(session, 4, ("collectives", "error_table"))
+    return run_ranks(session, 4, ("collectives", "error_table", "wrapper_w4"))

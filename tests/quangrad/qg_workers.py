@@ -399,10 +399,44 @@ def llama(rank: int, world: int, steps: int = 30, micro: int = 4) -> dict:
     return out
 
 
+def wrapper_w4(rank: int, world: int) -> dict:
+    """QuanGradDDP on 4 ranks (buckets padded to 4 x 256), replicated and sharded, against an fp32
+    reference computed in-process from every rank's data (no DDP: mean of the ranks' losses)."""
+    from agoq_core.quangrad import QuanGradConfig, QuanGradDDP, optimizer_factory
+
+    steps, micro = 4, 2
+    torch.manual_seed(0)
+    ref_model = TinyNet()
+    opt = torch.optim.AdamW(ref_model.parameters(), lr=1e-2)
+    streams = [batches(3, r, steps, micro) for r in range(world)]
+    ref_losses = []
+    for _ in range(steps):
+        per_rank = [next(st) for st in streams]
+        mine = 0.0
+        for r, mbs in enumerate(per_rank):
+            for x, y in mbs:
+                loss = torch.nn.functional.mse_loss(ref_model(x), y) / micro
+                (loss / world).backward()
+                if r == rank:
+                    mine += loss.item()
+        opt.step()
+        opt.zero_grad()
+        ref_losses.append(mine)
+    out = {"ref": {"losses": ref_losses, "params": _params(ref_model)}}
+    for name, cfg in {"replicated": QuanGradConfig(bucket_cap_mb=3000 / 2**20, min_compress_bytes=0),
+                      "sharded": QuanGradConfig(bucket_cap_mb=3000 / 2**20, min_compress_bytes=0, sharded=True)}.items():
+        torch.manual_seed(rank)
+        qg = QuanGradDDP(TinyNet(), optimizer_factory("adamw", lr=1e-2), config=cfg)
+        losses, reports, _ = _train_qg(qg, rank, steps, micro)
+        out[name] = {"losses": losses, "params": _params(qg.module), "buckets": [b["numel"] for b in qg.report.buckets]}
+    return out
+
+
 # ---- sessions: one spawn per world size runs everything the tests need ----------------------------------
 
 def session(rank: int, world: int, parts: tuple[str, ...]) -> dict:
     fns = {"collectives": lambda: collectives(rank, world, SIZES if world == 2 else (1, 1031, 20011)),
            "error_table": lambda: error_table(rank, world), "wrapper": lambda: wrapper(rank, world),
-           "ddp_hook": lambda: ddp_hook(rank, world), "llama": lambda: llama(rank, world)}
+           "ddp_hook": lambda: ddp_hook(rank, world), "llama": lambda: llama(rank, world),
+           "wrapper_w4": lambda: wrapper_w4(rank, world)}
     return {p: fns[p]() for p in parts}

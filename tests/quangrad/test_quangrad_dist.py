@@ -280,6 +280,26 @@ def test_mismatched_layouts_fail_at_setup_on_every_rank(wrap2):
         assert "block is 256 on rank 0 but 512" in wrap2[r]["mismatch_block"]
 
 
+def test_wrapper_on_four_ranks_tracks_the_fp32_reference(qg_w4):
+    res = [r["wrapper_w4"] for r in qg_w4]
+    for name in ("replicated", "sharded"):
+        assert all(n % (4 * 256) == 0 for n in res[0][name]["buckets"]) and len(res[0][name]["buckets"]) > 1
+        for r in range(1, 4):
+            assert _same_params(res[0][name]["params"], res[r][name]["params"]), (name, r)
+        for r in range(4):
+            for lq, lr in zip(res[r][name]["losses"], res[r]["ref"]["losses"]):
+                assert abs(lq - lr) / lr < 0.01, (name, r, res[r][name]["losses"], res[r]["ref"]["losses"])
+        # Adam turns small gradient differences into full-size steps, so compare the parameters' distance
+        # to the reference with the distance the reference itself travelled from the initialisation.
+        torch.manual_seed(0)
+        init = dict(W.TinyNet().named_parameters())
+        ref = res[0]["ref"]["params"]
+        dist_qg = sum(float((res[0][name]["params"][k] - ref[k]).pow(2).sum()) for k in ref) ** 0.5
+        travelled = sum(float((ref[k] - init[k].detach()).pow(2).sum()) for k in ref) ** 0.5
+        print(f"{name}: |p - p_ref| / |p_ref - p_init| = {dist_qg / travelled:.3f}")
+        assert dist_qg < 0.25 * travelled
+
+
 # ---- DDP comm hook -----------------------------------------------------------------------------------
 
 def test_ddp_hook_compresses_and_tracks_ddp(hook2):
