@@ -21,7 +21,7 @@ def test_main_variants_compile_for_sm90(tmp_path):
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     recs = json.loads(out.read_text())
-    assert {x["kernel"] for x in recs} == {"epilogue", "prologue", "prologue+mul"}
+    assert {x["kernel"] for x in recs} == {"epilogue", "epilogue-tma", "prologue", "prologue+mul"}
     for x in recs:
         assert x["wgmma"], x                      # Hopper tensor-core MMA
         assert x["pipelined_loads"] > 0, x        # cp.async / TMA prefetch of the operand tiles
