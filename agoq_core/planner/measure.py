@@ -89,7 +89,8 @@ def _measure_once(cfg: Any, policy: Any, *, microbatch_size: int, seq_len: int, 
             ids = torch.randint(0, cfg.vocab_size, (microbatch_size, seq_len), generator=torch.Generator().manual_seed(0))
         meter = laaq.SavedBytesMeter(stage, label=str(policy.plan(None).names()["norm_input"]))
         with torch.enable_grad(), meter:
-            loss = causal_lm_loss(stage(ids), ids)
+            # targets are their own tensor, as in training (the loss keeps them on the last stage)
+            loss = causal_lm_loss(stage(ids), ids.clone())
         res = meter.result()  # read while the graph (held by `loss`) is alive
         del loss
         return res

@@ -17,7 +17,7 @@ from agoq_core.planner.errors import BudgetError, PlannerError
 from agoq_core.planner.fidelity import FidelityTable, measure_fidelity
 from agoq_core.planner.memory import ActivationCostTable, StaticMemoryConfig, check_candidates, static_bytes
 from agoq_core.planner.model import TransformerShape, model_shape, split_layers
-from agoq_core.planner.schedules import InflightProfile, PipelineSpec, inflight
+from agoq_core.planner.schedules import SCHEDULES, InflightProfile, PipelineSpec, inflight
 from agoq_core.planner.solver import Option, peak_bytes, solve_rank
 
 __all__ = ["PlanConfig", "Plan", "StagePlan", "ClosedFormStage", "plan_for_pipeline", "DEFAULT_CANDIDATES"]
@@ -132,6 +132,10 @@ class StagePlan:
     """What the activation peak may reach on this stage."""
     chunk_io_bytes: tuple[int, ...]
     """Of ``chunk_bytes``: what the pipeline runtime holds (the stage output), not autograd."""
+    chunk_held_bytes: tuple[int, ...]
+    """Bytes per micro-batch *forwarded* that the runtime holds until the step ends (pending sends)."""
+    constraints: tuple[tuple[tuple[int, ...], int], ...]
+    """(in-flight vector, held bytes) pairs the peak is checked at."""
     static: Mapping[str, int]
     binding_state: tuple[int, ...]
     binding: str
@@ -226,17 +230,55 @@ def _extras(costs: ActivationCostTable, spec: PipelineSpec, rank: int, io: Seque
             + (costs.last_stage_bytes if vs == last else 0) + o for vs, o in zip(spec.vstages_of(rank), io)]
 
 
-def _pipeline_io(cfg: PlanConfig, shape: TransformerShape, spec: PipelineSpec, rank: int) -> tuple[list[int], int]:
-    """Per chunk, bytes torch.distributed.pipelining holds per in-flight micro-batch (the stage output,
-    kept in its forward cache until the backward: hidden states, or logits on the last virtual stage);
-    and the static receive buffers (one input per micro-batch for every non-first virtual stage)."""
+def _pipeline_io(cfg: PlanConfig, shape: TransformerShape, spec: PipelineSpec, rank: int,
+                 loss_bytes: int = 0) -> tuple[list[int], list[int], int, int]:
+    """What torch.distributed.pipelining itself holds on ``rank``, per chunk and micro-batch.
+
+    Returns (in-flight bytes per chunk, held-until-step-end bytes per chunk, static receive buffers,
+    bytes of one stale output held after the rank's first backward).
+    Each forward's stage output is kept in the stage's forward cache until its backward (hidden
+    states; logits on the last virtual stage). Multi-chunk schedules (torch's _PipelineScheduleRuntime)
+    also keep every forward send's tensor referenced by its pending work until the end of the step
+    ("while send_ops: _wait_batch_p2p(send_ops.pop())"), so non-last chunks hold one output per
+    micro-batch forwarded so far. Receive buffers: PipelineStage allocates one input per micro-batch for
+    every non-first virtual stage when the step starts (torch 2.13 _setup_forward_recv_info)."""
+    zero = [0] * spec.chunks
     if not cfg.pipeline_buffers or cfg.activations == "bits":
-        return [0] * spec.chunks, 0
+        return zero, list(zero), 0
     T, ab = cfg.microbatch_size * cfg.seq_len, _ACT_BYTES[str(cfg.dtype).lower()]
     last = spec.virtual_stages - 1
-    outs = [T * (shape.vocab if vs == last else shape.hidden) * ab for vs in spec.vstages_of(rank)]
+    holds_sends = SCHEDULES[spec.schedule].multi_chunk
+    inflight_io, held = [], []
+    for vs in spec.vstages_of(rank):
+        out = T * (shape.vocab if vs == last else shape.hidden) * ab
+        if holds_sends and vs != last:
+            inflight_io.append(0)
+            held.append(out)
+        else:
+            inflight_io.append(out)
+            held.append(0)
     recv = sum(spec.microbatches * T * shape.hidden * ab for vs in spec.vstages_of(rank) if vs != 0)
-    return outs, recv
+    stale = 0
+    if spec.schedule == "1f1b":
+        stale = inflight_io[0] if rank != spec.stages - 1 else max(0, inflight_io[0] - loss_bytes)
+    return inflight_io, held, recv, stale
+
+
+def _constraints(rank_inflight, held: Sequence[int], stale: int = 0) -> tuple[list[tuple[int, ...]], list[int]]:
+    """In-flight vectors after each forward, with the format-independent bytes held at that moment
+    (pending sends; a stale output once a backward ran); dominated pairs dropped (the peak is always
+    reached right after some forward)."""
+    pairs = set()
+    backward_seen = False
+    for vec, fwd, kind in zip(rank_inflight.trace, rank_inflight.forwarded, rank_inflight.kinds):
+        if kind == "B":
+            backward_seen = True
+        else:
+            pairs.add((vec, sum(f * h for f, h in zip(fwd, held)) + (stale if backward_seen else 0)))
+    keep = [p for p in pairs
+            if not any(q != p and q[1] >= p[1] and all(x <= y for x, y in zip(p[0], q[0])) for q in pairs)]
+    keep.sort(reverse=True)
+    return [p[0] for p in keep], [p[1] for p in keep]
 
 
 def _int_costs(costs: ActivationCostTable, fid: FidelityTable, formats: Sequence[str]) -> tuple[dict, dict]:
@@ -247,9 +289,9 @@ def _int_costs(costs: ActivationCostTable, fid: FidelityTable, formats: Sequence
 
 
 def _uniform_peak(costs: ActivationCostTable, layers_per_chunk: Sequence[int], extras: Sequence[int],
-                  states, fmt: str) -> int:
+                  states, offsets, fmt: str) -> int:
     cb = [x + n * costs.bytes_for(fmt) for n, x in zip(layers_per_chunk, extras)]
-    return peak_bytes(cb, states)[0]
+    return peak_bytes(cb, states, offsets)[0]
 
 
 def _nearest_width(x: float, widths: Sequence[int]) -> int:
@@ -312,14 +354,14 @@ def plan_for_pipeline(model_config: object, stages: int | None = None, microbatc
     for r in range(spec.stages):
         vss = spec.vstages_of(r)
         n_layers = [len(layers[vs]) for vs in vss]
-        io, recv = _pipeline_io(cfg, shape, spec, r)
+        io, held, recv, stale = _pipeline_io(cfg, shape, spec, r, costs.last_stage_bytes)
         extras = _extras(costs, spec, r, io)
-        states = profile.ranks[r].states
+        states, offsets = _constraints(profile.ranks[r], held, stale)
         static = static_bytes(_stage_params(shape, spec, layers, r), cfg.static)
         if cfg.activations != "bits":
             static["pipeline_buffers"] = recv
-        base_peak = _uniform_peak(costs, n_layers, extras, states, cfg.baseline_format)
-        per_rank.append((vss, n_layers, extras, states, static, base_peak))
+        base_peak = _uniform_peak(costs, n_layers, extras, states, offsets, cfg.baseline_format)
+        per_rank.append((vss, n_layers, extras, (states, offsets), static, base_peak))
 
     if cfg.budget_bytes is not None:
         kind, budget_value = "device", cfg.budget_bytes
@@ -334,10 +376,10 @@ def plan_for_pipeline(model_config: object, stages: int | None = None, microbatc
 
     options_of = [Option(f, costs.bytes_for(f), int_cost[f]) for f in formats]
     stage_plans = []
-    for r, (vss, n_layers, extras, states, static, base_peak) in enumerate(per_rank):
+    for r, (vss, n_layers, extras, (states, offsets), static, base_peak) in enumerate(per_rank):
         cap = caps[r]
-        io = _pipeline_io(cfg, shape, spec, r)[0]
-        sol = _solve(cfg.granularity, options_of, n_layers, extras, states, cap)
+        io, held, _, _ = _pipeline_io(cfg, shape, spec, r)
+        sol = _solve(cfg.granularity, options_of, n_layers, extras, states, offsets, cap)
         if sol is None:
             _raise_infeasible(cfg, kind, budget_value, r, per_rank, costs, formats, profile)
         choices, cb, peak, arg = sol
@@ -350,12 +392,15 @@ def plan_for_pipeline(model_config: object, stages: int | None = None, microbatc
         if all(f == best_fmt or real_cost[f] == real_cost[best_fmt] for f in fmts.values()):
             binding = "not binding: every layer already has the most accurate candidate"
         else:
-            binding = f"{_describe_state(arg, vss)} in flight; {cap - peak:,} {costs.unit} left"
+            k = dict(zip(states, offsets)).get(tuple(arg), 0)
+            sends = f" (+{k:,} {costs.unit} of pending sends)" if k else ""
+            binding = f"{_describe_state(arg, vss)} in flight{sends}; {cap - peak:,} {costs.unit} left"
         stage_plans.append(StagePlan(
             stage=r, vstages=vss, layers=tuple(layers[vs] for vs in vss), formats=fmts,
             inflight_peak=profile.ranks[r].peak, chunk_peaks=profile.ranks[r].chunk_peaks,
-            chunk_bytes=tuple(cb), chunk_io_bytes=tuple(io), activation_peak=peak, baseline_peak=base_peak, activation_cap=cap,
-            static=static, binding_state=arg, binding=binding, cost=cost))
+            chunk_bytes=tuple(cb), chunk_io_bytes=tuple(io), chunk_held_bytes=tuple(held),
+            constraints=tuple(zip(states, offsets)), activation_peak=peak, baseline_peak=base_peak,
+            activation_cap=cap, static=static, binding_state=arg, binding=binding, cost=cost))
 
     closed = _closed_form(cfg, costs, fid, per_rank, caps, real_cost, profile)
     return Plan(config=cfg, shape=shape, spec=spec, profile=profile, costs=costs, fidelity=fid,
@@ -363,26 +408,25 @@ def plan_for_pipeline(model_config: object, stages: int | None = None, microbatc
 
 
 def _solve(granularity: str, options: Sequence[Option], n_layers: Sequence[int], extras: Sequence[int],
-           states, cap: int):
-    v = len(n_layers)
+           states, offsets, cap: int):
     if granularity == "stage":  # one format for the whole stage: try each
         best = None
         for j, o in enumerate(options):
             cb = [x + n * o.bytes for n, x in zip(n_layers, extras)]
-            peak, arg = peak_bytes(cb, states)
+            peak, arg = peak_bytes(cb, states, offsets)
             cost = o.cost * sum(n_layers)
             if peak <= cap and (best is None or (cost, peak) < best[0]):
                 best = ((cost, peak), [[j] * n for n in n_layers], cb, peak, arg)
         return None if best is None else best[1:]
     if granularity == "chunk":
         chunks = [[[Option(o.name, n * o.bytes, n * o.cost) for o in options]] if n else [] for n in n_layers]
-        sol = solve_rank(chunks, extras, states, cap)
+        sol = solve_rank(chunks, extras, states, cap, offsets)
         if sol is None:
             return None
         choices = [[sol.choices[c][0]] * n if n else [] for c, n in enumerate(n_layers)]
         return choices, sol.chunk_bytes, sol.peak, sol.binding_state
     chunks = [[list(options) for _ in range(n)] for n in n_layers]
-    sol = solve_rank(chunks, extras, states, cap)
+    sol = solve_rank(chunks, extras, states, cap, offsets)
     if sol is None:
         return None
     return [list(c) for c in sol.choices], sol.chunk_bytes, sol.peak, sol.binding_state
@@ -391,9 +435,9 @@ def _solve(granularity: str, options: Sequence[Option], n_layers: Sequence[int],
 def _raise_infeasible(cfg, kind, budget_value, r, per_rank, costs, formats, profile) -> None:
     smallest = min(formats, key=costs.bytes_for)
     need = []
-    for (vss, n_layers, extras, states, static, _) in per_rank:
+    for (vss, n_layers, extras, (states, offsets), static, _) in per_rank:
         cb = [x + n * costs.bytes_for(smallest) for n, x in zip(n_layers, extras)]
-        need.append((peak_bytes(cb, states)[0], sum(static.values())))
+        need.append((peak_bytes(cb, states, offsets)[0], sum(static.values())))
     act, st = need[r]
     if kind == "device":
         fit = max(a + s for a, s in need)
@@ -418,12 +462,12 @@ def _closed_form(cfg, costs, fid, per_rank, caps, real_cost, profile) -> tuple[C
     n = [rk.peak for rk in profile.ranks]
     n_max = max(n)
     out = []
-    for r, (vss, n_layers, extras, states, static, _) in enumerate(per_rank):
+    for r, (vss, n_layers, extras, (states, offsets), static, _) in enumerate(per_rank):
         exact = base_bits * n_max / n[r]
         bits = _nearest_width(exact, widths)
         # Each width in its most accurate candidate code (the paper does not name its 5/6-bit codes).
         fmt = _best_format_of_width(bits, cfg.candidates, fid, cfg.block)
-        peak = _uniform_peak(costs, n_layers, extras, states, fmt)
+        peak = _uniform_peak(costs, n_layers, extras, states, offsets, fmt)
         out.append(ClosedFormStage(bits_exact=exact, bits=bits, format=fmt, units=bits * n[r],
                                    unit_budget=base_bits * n_max, peak=peak, fits=peak <= caps[r],
                                    cost=real_cost[fmt] * sum(n_layers) if fmt in real_cost else math.nan))

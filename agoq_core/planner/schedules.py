@@ -241,6 +241,10 @@ class RankInflight:
     reached at one of these, whatever bytes each chunk costs per micro-batch."""
     trace: tuple[tuple[int, ...], ...]
     """In-flight vector after each action of the rank's list."""
+    forwarded: tuple[tuple[int, ...], ...] = ()
+    """Forwards done so far per chunk after each action (what send buffers held to the end depend on)."""
+    kinds: tuple[str, ...] = ()
+    """The action kind ("F"/"B") at each trace position."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +274,8 @@ def inflight_of_actions(spec: PipelineSpec, actions: tuple[tuple[Action, ...], .
     for r in range(spec.stages):
         local = {vs: i for i, vs in enumerate(spec.vstages_of(r))}
         alive: list[set[int]] = [set() for _ in local]
-        trace, states = [], set()
+        trace, states, fwd, kinds = [], set(), [], []
+        done = [0] * len(local)
         for a in actions[r]:
             if a.stage not in local:
                 raise ScheduleError(f"rank {r} was given action {a} of virtual stage {a.stage}, which "
@@ -280,6 +285,7 @@ def inflight_of_actions(spec: PipelineSpec, actions: tuple[tuple[Action, ...], .
                 if a.microbatch in alive[c]:
                     raise ScheduleError(f"rank {r}: {a} forwards micro-batch {a.microbatch} twice")
                 alive[c].add(a.microbatch)
+                done[c] += 1
             else:
                 if a.microbatch not in alive[c]:
                     raise ScheduleError(f"rank {r}: {a} runs backward of micro-batch {a.microbatch} "
@@ -287,6 +293,8 @@ def inflight_of_actions(spec: PipelineSpec, actions: tuple[tuple[Action, ...], .
                 alive[c].discard(a.microbatch)
             vec = tuple(len(s) for s in alive)
             trace.append(vec)
+            fwd.append(tuple(done))
+            kinds.append(a.kind)
             if a.kind == FORWARD:
                 states.add(vec)
         if any(alive):
@@ -296,7 +304,7 @@ def inflight_of_actions(spec: PipelineSpec, actions: tuple[tuple[Action, ...], .
             rank=r, vstages=spec.vstages_of(r),
             chunk_peaks=tuple(max((v[c] for v in trace), default=0) for c in range(len(local))),
             peak=max((sum(v) for v in trace), default=0),
-            states=_maximal(states), trace=tuple(trace)))
+            states=_maximal(states), trace=tuple(trace), forwarded=tuple(fwd), kinds=tuple(kinds)))
     return InflightProfile(spec=spec, ranks=tuple(ranks))
 
 

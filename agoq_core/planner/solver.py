@@ -5,9 +5,9 @@ group of layers that must share a format); each unit picks one option ``(bytes, 
 in flight on chunk ``c`` costs ``x_c + sum of its units' bytes``. The schedule gives the in-flight
 vectors ``a`` (micro-batches per chunk) the rank passes through; memory must hold
 
-    for every a:  sum_c a_c * (x_c + B_c) <= cap
+    for every a:  sum_c a_c * (x_c + B_c) + k_a <= cap
 
-and the summed cost (expected quantization error) is minimised. This is a multiple-choice knapsack
+(``k_a`` is memory at that moment that no format changes, e.g. pipeline send buffers) and the summed cost (expected quantization error) is minimised. This is a multiple-choice knapsack
 with one constraint per in-flight vector. It is solved exactly:
 
 1. per chunk, a dynamic programme over its units keeps the Pareto frontier of (bytes, cost): for
@@ -54,10 +54,12 @@ class Solution:
     """The in-flight vector at which the peak is reached."""
 
 
-def peak_bytes(chunk_bytes: Sequence[int], states: Sequence[Sequence[int]]) -> tuple[int, tuple[int, ...]]:
+def peak_bytes(chunk_bytes: Sequence[int], states: Sequence[Sequence[int]],
+               offsets: Sequence[int] | None = None) -> tuple[int, tuple[int, ...]]:
+    """Largest ``sum_c a_c * chunk_bytes_c + k_a`` over the states, and the state that reaches it."""
     best, arg = -1, ()
-    for a in states:
-        v = sum(n * b for n, b in zip(a, chunk_bytes))
+    for i, a in enumerate(states):
+        v = sum(n * b for n, b in zip(a, chunk_bytes)) + (offsets[i] if offsets else 0)
         if v > best:
             best, arg = v, tuple(a)
     return best, arg
@@ -105,32 +107,42 @@ def _frontier(units: Sequence[Sequence[Option]], ub: int) -> tuple[list[int], li
 
 
 def solve_rank(chunks: Sequence[Sequence[Sequence[Option]]], extras: Sequence[int],
-               states: Sequence[Sequence[int]], cap: int) -> Solution | None:
-    """Cheapest feasible choice for one rank, or None when even the smallest options do not fit."""
+               states: Sequence[Sequence[int]], cap: int, offsets: Sequence[int] | None = None) -> Solution | None:
+    """Cheapest feasible choice for one rank, or None when even the smallest options do not fit.
+
+    ``offsets[i]`` is format-independent memory held at state ``i`` (default 0)."""
     v = len(chunks)
     if len(extras) != v or any(len(a) != v for a in states):
         raise PlannerError(f"solve_rank: {v} chunks but {len(extras)} extras and states of lengths "
                            f"{sorted({len(a) for a in states})}")
+    offsets = list(offsets) if offsets is not None else [0] * len(states)
+    if len(offsets) != len(states):
+        raise PlannerError(f"solve_rank: {len(states)} states but {len(offsets)} offsets")
     if any(len(u) == 0 for ch in chunks for u in ch):
         raise PlannerError("solve_rank: a unit has no options")
-    states = [tuple(a) for a in states if any(a)]
-    if not states:  # nothing ever in flight (cannot happen for a real schedule)
+    states = [tuple(a) for a in states]
+    offs = offsets
+    caps = [cap - k for k in offs]
+    if not any(any(a) for a in states):  # nothing ever in flight (cannot happen for a real schedule)
+        if any(c < 0 for c in caps):
+            return None
         choices = tuple(tuple(min(range(len(u)), key=lambda j: u[j].cost) for u in ch) for ch in chunks)
         cost = sum(u[j].cost for ch, cj in zip(chunks, choices) for u, j in zip(ch, cj))
         cb = tuple(x + sum(u[j].bytes for u, j in zip(ch, cj)) for ch, cj, x in zip(chunks, choices, extras))
-        return Solution(choices, cost, cb, 0, ())
+        peak, arg = peak_bytes(cb, states, offs) if states else (0, ())
+        return Solution(choices, cost, cb, peak, arg)
     min_b = [x + sum(min(o.bytes for o in u) for u in ch) for ch, x in zip(chunks, extras)]
-    if peak_bytes(min_b, states)[0] > cap:
+    if any(sum(n * b for n, b in zip(a, min_b)) > c for a, c in zip(states, caps)):
         return None
     # Upper bound of each chunk's unit bytes with the other chunks at their smallest.
     ubs = []
     for c in range(v):
         ub = None
-        for a in states:
+        for a, cs in zip(states, caps):
             if a[c] == 0:
                 continue
             rest = sum(a[k] * min_b[k] for k in range(v) if k != c)
-            room = (cap - rest) // a[c] - extras[c]
+            room = (cs - rest) // a[c] - extras[c]
             ub = room if ub is None else min(ub, room)
         ubs.append(ub if ub is not None else sum(max(o.bytes for o in u) for u in chunks[c]))
     fronts = [_frontier(chunks[c], ubs[c]) for c in range(v)]
@@ -160,7 +172,7 @@ def solve_rank(chunks: Sequence[Sequence[Sequence[Option]]], extras: Sequence[in
                 return
         cost = cost_rest + c0[i]
         cb = [extras[0] + b0[i]] + [extras[k] + fronts[k][0][picks[k - 1]] for k in range(1, v)]
-        peak = peak_bytes(cb, states)[0]
+        peak = peak_bytes(cb, states, offs)[0]
         cand = (cost, peak, [i] + picks)
         if best[0] is None or cand[:2] < best[0][:2]:
             best[0] = cand
@@ -187,13 +199,13 @@ def solve_rank(chunks: Sequence[Sequence[Sequence[Option]]], extras: Sequence[in
                 continue
             search(k + 1, picks + [i], cost + cs[i], nres)
 
-    search(1, [], 0, [cap] * len(states))
+    search(1, [], 0, list(caps))
     if best[0] is None:
         return None
     _, _, picks = best[0]
     choices = tuple(fronts[c][2][picks[c]] for c in range(v))
     cb = tuple(extras[c] + fronts[c][0][picks[c]] for c in range(v))
-    peak, arg = peak_bytes(cb, states)
+    peak, arg = peak_bytes(cb, states, offs)
     if peak > cap:  # pragma: no cover - guarded by construction; kept as a hard check
         raise AssertionError(f"solver produced peak {peak} > cap {cap}")
     cost = sum(chunks[c][u][j].cost for c in range(v) for u, j in enumerate(choices[c]))

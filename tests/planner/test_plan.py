@@ -139,8 +139,10 @@ def test_budget_is_never_exceeded_and_granularity_is_nested(fid, schedule, S, m,
                 b += plan.costs.last_stage_bytes if vs == plan.spec.virtual_stages - 1 else 0
                 per_mb.append(b)
             assert per_mb == list(s.chunk_bytes)
-            assert max(sum(n * b for n, b in zip(v, per_mb)) for v in plan.profile.ranks[s.stage].trace) \
-                == s.activation_peak
+            rk = plan.profile.ranks[s.stage]
+            # every moment of the schedule: in-flight micro-batches + outputs held by pending sends
+            assert max(sum(n * b for n, b in zip(v, per_mb)) + sum(f * h for f, h in zip(fw, s.chunk_held_bytes))
+                       for v, fw in zip(rk.trace, rk.forwarded)) == s.activation_peak
     # finer choices can only help: layer <= chunk <= stage, stage by stage
     for r in range(S):
         c_stage, c_chunk, c_layer = (plans[g].stages[r].cost for g in ("stage", "chunk", "layer"))

@@ -9,8 +9,9 @@ import pytest
 from agoq_core.planner.solver import Option, solve_rank
 
 
-def brute_force(chunks, extras, states, cap):
+def brute_force(chunks, extras, states, cap, offsets=None):
     """Every assignment; feasible iff every in-flight vector fits; best = (cost, peak) lexicographic."""
+    offsets = offsets or [0] * len(states)
     units = [(c, u) for c, ch in enumerate(chunks) for u in ch]
     best = None
     for combo in itertools.product(*[range(len(u)) for _, u in units]):
@@ -19,7 +20,7 @@ def brute_force(chunks, extras, states, cap):
         for (c, u), j in zip(units, combo):
             per_mb[c] += u[j].bytes
             cost += u[j].cost
-        peak = max(sum(n * b for n, b in zip(a, per_mb)) for a in states)
+        peak = max(sum(n * b for n, b in zip(a, per_mb)) + k for a, k in zip(states, offsets))
         if peak <= cap and (best is None or (cost, peak) < best):
             best = (cost, peak)
     return best
@@ -35,9 +36,10 @@ def random_instance(rng: random.Random, v: int):
     states = [tuple(rng.randint(0, 7) for _ in range(v)) for _ in range(rng.randint(1, 4))]
     lo = [x + sum(min(o.bytes for o in u) for u in ch) for ch, x in zip(chunks, extras)]
     hi = [x + sum(max(o.bytes for o in u) for u in ch) for ch, x in zip(chunks, extras)]
-    p_lo = max(sum(n * b for n, b in zip(a, lo)) for a in states)
-    p_hi = max(sum(n * b for n, b in zip(a, hi)) for a in states)
-    return chunks, extras, states, rng.randint(max(0, p_lo - 4), p_hi + 2)
+    offsets = [rng.choice([0, 0, rng.randint(0, 30)]) for _ in states]
+    p_lo = max(sum(n * b for n, b in zip(a, lo)) + k for a, k in zip(states, offsets))
+    p_hi = max(sum(n * b for n, b in zip(a, hi)) + k for a, k in zip(states, offsets))
+    return chunks, extras, states, offsets, rng.randint(max(0, p_lo - 4), p_hi + 2)
 
 
 @pytest.mark.parametrize("v", [1, 2, 3])
@@ -45,9 +47,9 @@ def test_solver_equals_brute_force_on_random_instances(v):
     rng = random.Random(1234 + v)
     feasible = infeasible = 0
     for _ in range(250):
-        chunks, extras, states, cap = random_instance(rng, v)
-        ref = brute_force(chunks, extras, states, cap)
-        sol = solve_rank(chunks, extras, states, cap)
+        chunks, extras, states, offsets, cap = random_instance(rng, v)
+        ref = brute_force(chunks, extras, states, cap, offsets)
+        sol = solve_rank(chunks, extras, states, cap, offsets)
         if ref is None:
             assert sol is None
             infeasible += 1
@@ -57,7 +59,7 @@ def test_solver_equals_brute_force_on_random_instances(v):
         # the returned assignment is what it claims, and fits
         per_mb = [x + sum(u[j].bytes for u, j in zip(ch, cj)) for ch, cj, x in zip(chunks, sol.choices, extras)]
         assert tuple(per_mb) == sol.chunk_bytes
-        assert max(sum(n * b for n, b in zip(a, per_mb)) for a in states) == sol.peak <= cap
+        assert max(sum(n * b for n, b in zip(a, per_mb)) + k for a, k in zip(states, offsets)) == sol.peak <= cap
         assert sum(u[j].cost for ch, cj in zip(chunks, sol.choices) for u, j in zip(ch, cj)) == sol.cost
     assert feasible > 50 and infeasible > 5  # both branches exercised
 
