@@ -15,6 +15,8 @@ A kernel that rounds twice (e.g. through bf16 partial sums) or truncates instead
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 __all__ = ["SQNR_FLOOR_DB", "sqnr_db", "sqnr_floor"]
@@ -35,8 +37,9 @@ def sqnr_floor(dtype: torch.dtype) -> float:
 
 def sqnr_db(out: torch.Tensor, ref: torch.Tensor) -> float:
     """SQNR of ``out`` against ``ref`` in dB over the elements where ``ref`` is finite (inf if equal)."""
-    o = out.detach().double().cpu().reshape(-1)
-    r = ref.detach().double().cpu().reshape(-1)
+    dev = out.device if out.device == ref.device else torch.device("cpu")  # big GPU tensors stay on the GPU
+    o = out.detach().to(dev, torch.float64).reshape(-1)
+    r = ref.detach().to(dev, torch.float64).reshape(-1)
     fin = torch.isfinite(r)
     o, r = o[fin], r[fin]
     noise = (o - r).pow(2).sum().item()
@@ -47,4 +50,4 @@ def sqnr_db(out: torch.Tensor, ref: torch.Tensor) -> float:
         return float("inf")
     if signal == 0.0:
         return float("-inf")
-    return 10.0 * torch.log10(torch.tensor(signal / noise)).item()
+    return 10.0 * math.log10(signal / noise)
