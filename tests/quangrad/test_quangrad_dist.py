@@ -210,6 +210,8 @@ VARIANTS = ("overlap", "no_overlap", "sharded", "fallback", "clip", "e5m2", "int
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_wrapper_ranks_end_bit_identical_and_track_fp32_ddp(wrap2, name):
+    if name not in wrap2[0]:
+        pytest.skip(f"{name} did not run (bitsandbytes is not installed)")
     a, b = wrap2[0][name], wrap2[1][name]
     assert _same_params(a["params"], b["params"])
     ddp_losses = wrap2[0]["ddp"][0]
@@ -256,6 +258,7 @@ def test_bf16_model_steps_fp32_master_weights(wrap2):
 
 
 def test_eight_bit_adam_from_bitsandbytes_runs_on_cpu(wrap2):
+    pytest.importorskip("bitsandbytes")
     assert wrap2[0]["adamw8bit"]["opt"].startswith("bitsandbytes")
 
 
