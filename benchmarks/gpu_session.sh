@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One device call, several benchmarks: each stage gets its own time limit and writes into $OUT.
+#   bash benchmarks/gpu_session.sh STAGE[:SECONDS] ...
+# Stages: conformance, laaq, quangrad, fusion, codecs. Runs the repo in place via PYTHONPATH (the GPU
+# machine has torch + triton preinstalled and no network).
+set -u
+export PYTHONPATH="$PWD:$PWD/conformance_tests:$PWD/backends/triton_common:$PWD/backends/cuda:${PYTHONPATH:-}"
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/agoq-out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+date -u +%Y-%m-%dT%H:%M:%SZ | tee -a "$OUT/gpu.txt"
+for spec in "$@"; do
+  stage=${spec%%:*}; secs=${spec#*:}; [ "$secs" = "$spec" ] && secs=300
+  echo "=== $stage (limit ${secs}s) ==="
+  case $stage in
+    conformance) cmd=(python3 -m agoq_core.cli.main conformance run --backend cuda --report "$OUT/cuda-h200.json" -q) ;;
+    laaq)        cmd=(python3 benchmarks/bench_laaq.py --budget-s $((secs - 40))) ;;
+    quangrad)    cmd=(python3 benchmarks/bench_quangrad_gpu.py) ;;
+    fusion)      cmd=(python3 benchmarks/bench_fusion.py) ;;
+    codecs)      cmd=(python3 benchmarks/bench_codecs.py --deadline-s $((secs - 30))) ;;
+    *) echo "unknown stage $stage"; continue ;;
+  esac
+  start=$(date +%s)
+  timeout "$secs" "${cmd[@]}" 2>&1 | tee "$OUT/$stage.log" | tail -60
+  echo "=== $stage: exit ${PIPESTATUS[0]} after $(( $(date +%s) - start ))s ==="
+done
