@@ -134,6 +134,8 @@ class StagePlan:
     """Of ``chunk_bytes``: what the pipeline runtime holds (the stage output), not autograd."""
     chunk_held_bytes: tuple[int, ...]
     """Bytes per micro-batch *forwarded* that the runtime holds until the step ends (pending sends)."""
+    stale_output_bytes: int
+    """Bytes of the one extra output Schedule1F1B keeps referenced after the rank's first backward."""
     constraints: tuple[tuple[tuple[int, ...], int], ...]
     """(in-flight vector, held bytes) pairs the peak is checked at."""
     static: Mapping[str, int]
@@ -244,7 +246,7 @@ def _pipeline_io(cfg: PlanConfig, shape: TransformerShape, spec: PipelineSpec, r
     every non-first virtual stage when the step starts (torch 2.13 _setup_forward_recv_info)."""
     zero = [0] * spec.chunks
     if not cfg.pipeline_buffers or cfg.activations == "bits":
-        return zero, list(zero), 0
+        return zero, list(zero), 0, 0
     T, ab = cfg.microbatch_size * cfg.seq_len, _ACT_BYTES[str(cfg.dtype).lower()]
     last = spec.virtual_stages - 1
     holds_sends = SCHEDULES[spec.schedule].multi_chunk
@@ -378,7 +380,7 @@ def plan_for_pipeline(model_config: object, stages: int | None = None, microbatc
     stage_plans = []
     for r, (vss, n_layers, extras, (states, offsets), static, base_peak) in enumerate(per_rank):
         cap = caps[r]
-        io, held, _, _ = _pipeline_io(cfg, shape, spec, r)
+        io, held, _, stale = _pipeline_io(cfg, shape, spec, r, costs.last_stage_bytes)
         sol = _solve(cfg.granularity, options_of, n_layers, extras, states, offsets, cap)
         if sol is None:
             _raise_infeasible(cfg, kind, budget_value, r, per_rank, costs, formats, profile)
@@ -398,7 +400,7 @@ def plan_for_pipeline(model_config: object, stages: int | None = None, microbatc
         stage_plans.append(StagePlan(
             stage=r, vstages=vss, layers=tuple(layers[vs] for vs in vss), formats=fmts,
             inflight_peak=profile.ranks[r].peak, chunk_peaks=profile.ranks[r].chunk_peaks,
-            chunk_bytes=tuple(cb), chunk_io_bytes=tuple(io), chunk_held_bytes=tuple(held),
+            chunk_bytes=tuple(cb), chunk_io_bytes=tuple(io), chunk_held_bytes=tuple(held), stale_output_bytes=stale,
             constraints=tuple(zip(states, offsets)), activation_peak=peak, baseline_peak=base_peak,
             activation_cap=cap, static=static, binding_state=arg, binding=binding, cost=cost))
 
