@@ -165,7 +165,7 @@ def _bias_round_store_quantize(acc, pid_m, pid_n, M, N, b_ptr, y_ptr, codes_ptr,
     ok = ok_m[:, None] & (jb[None, :] < N // BLOCK)
     rows = tl.reshape(g, (BLOCK_M * NBT,))
     ok = tl.reshape(ok, (BLOCK_M * NBT,))
-    codes, scale = quantize_rows(tl.reshape(y32, (BLOCK_M * NBT, BLOCK)), KIND, BITS, QMAX)
+    codes, scale = quantize_rows(tl.reshape(y32, (BLOCK_M * NBT, BLOCK)), KIND, BITS, QMAX, not INTERP)
     store_packed(codes_ptr, codes, rows, ok, BLOCK_M * NBT, BITS, BLOCK)
     tl.store(scales_ptr + rows, scale, mask=ok)
 
