@@ -9,7 +9,8 @@ prints a table and writes ``$OUT/bench_fusion.json`` (or ``--json PATH``). On a 
 ``--tiny`` runs the same code paths on tiny shapes through Triton's interpreter (timings meaningless;
 it checks that the script works end to end).
 
-What is measured, per LLaMA layer shape and token count T (bf16, int4 block 128 = LAAQ's default):
+What is measured, per LLaMA layer shape and token count T (bf16, nf4 block 128 = LAAQ's default format;
+``--fmt int4`` etc. for the others):
 * ``fc1_epilogue`` — the gate (= up) projection y = x Wᵀ, x [T, hidden], W [inter, hidden], whose output
   LAAQ keeps quantized (role mlp_act_input). plain: ``F.linear`` (cuBLAS). unfused: ``F.linear`` + the cuda
   backend's quantize kernel on y. fused: gemm_quant_epilogue (y and Q(y) in one kernel), the kernel family
@@ -53,7 +54,7 @@ def _parse(argv):
     ap.add_argument("--tiny", action="store_true", help="CPU: tiny shapes in Triton's interpreter (smoke test)")
     ap.add_argument("--tokens", type=int, nargs="*", help=f"token counts (default {TOKENS})")
     ap.add_argument("--models", nargs="*", choices=sorted(SHAPES), help="model shapes (default all)")
-    ap.add_argument("--fmt", default="int4", help="activation format (default int4, LAAQ's default)")
+    ap.add_argument("--fmt", default="nf4", help="activation format (default nf4, LAAQConfig's default)")
     ap.add_argument("--json", help="write the JSON here (default $OUT/bench_fusion.json if $OUT is set)")
     return ap.parse_args(argv)
 
