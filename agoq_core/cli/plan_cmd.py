@@ -52,7 +52,7 @@ def _run(args: argparse.Namespace) -> int:
         budget_bytes=parse_bytes(args.budget_bytes) if args.budget_bytes is not None else None,
         activation_budget_bytes=(parse_bytes(args.activation_budget_bytes)
                                  if args.activation_budget_bytes is not None else None),
-        activations=args.activations,
+        activations=args.activations, dtype=args.dtype, measure_device=args.measure_device,
         static=StaticMemoryConfig(param_bytes=args.param_bytes, grads=args.grads, optimizer=args.optimizer))
     plan = plan_for_pipeline(_load_model(args.model), config=cfg)
     check = _torch_check(plan.spec)
@@ -78,7 +78,7 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence [4096]")
     p.add_argument("--microbatch-size", type=int, default=1, help="sequences per micro-batch [1]")
     p.add_argument("--candidates", default=",".join(DEFAULT_CANDIDATES), help="candidate formats, comma-separated")
-    p.add_argument("--baseline", default="int4", help="uniform format of the default budget [int4]")
+    p.add_argument("--baseline", default="nf4", help="uniform 4-bit format of the default budget [nf4]")
     p.add_argument("--granularity", default="layer", choices=("layer", "chunk", "stage"),
                    help="one format per layer (default), per chunk, or per stage (the paper)")
     g = p.add_mutually_exclusive_group()
@@ -88,6 +88,11 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--activations", default="measured", choices=("measured", "formula", "bits"),
                    help="activation bytes from LAAQ's measurement (default), a shape formula, or the paper's "
                         "bits x micro-batches accounting")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
+                   help="training dtype of what LAAQ keeps in 16-bit [bfloat16]")
+    p.add_argument("--measure-device", default="cpu",
+                   help="where LAAQ measures a 2-layer model of the shape [cpu]; use the training device "
+                        "(e.g. cuda) when its attention kernel keeps other tensors")
     p.add_argument("--param-bytes", type=int, default=2, help="bytes per weight (2 = bf16, 4 = fp32) [2]")
     p.add_argument("--grads", default="quangrad", choices=("quangrad", "bf16", "fp32"), help="gradient storage")
     p.add_argument("--optimizer", default="adam8bit", choices=("adam", "adam8bit", "sgd", "none"), help="optimizer state")

@@ -44,7 +44,7 @@ class PlanConfig:
     microbatch_size: int = 1
     seq_len: int = 4096
     candidates: tuple[str, ...] = DEFAULT_CANDIDATES
-    baseline_format: str = "int4"
+    baseline_format: str = "nf4"
     """The uniform 4-bit format whose fullest-stage peak is the default budget (LAAQ's default)."""
     granularity: Granularity = "layer"
     """One format per layer (default), per chunk, or per stage (the paper's choice)."""
@@ -58,9 +58,11 @@ class PlanConfig:
     static: StaticMemoryConfig = field(default_factory=StaticMemoryConfig)
     dtype: str = "bfloat16"
     """Training dtype of the activations LAAQ leaves in 16-bit (bfloat16, float16 or float32)."""
-    measure_device: str = "meta"
-    """Where LAAQ measures (activations="measured"): "meta" costs nothing at any size; the device you
-    train on ("cpu", "cuda") runs that device's kernels, whose saved tensors can differ (SDPA)."""
+    measure_device: str = "cpu"
+    """Where LAAQ measures (activations="measured"): a 2-layer model of the shape runs there, at 32-96
+    tokens extrapolated exactly when the sequence is longer. Measure on the device you train on when
+    its attention kernel keeps other tensors. "meta" (no data) is accepted but its SDPA keeps what the
+    math path keeps (about 25% more than CPU flash here) and LAAQ cannot see the out-projection alias."""
     pipeline_buffers: bool = True
     """Count what torch.distributed.pipelining itself holds: each in-flight micro-batch's stage
     output (kept for backward; logits on the last stage) and, as static memory, the receive buffers
