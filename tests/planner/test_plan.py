@@ -100,7 +100,8 @@ def test_plan_equals_exhaustive_search(fid, schedule, S, m, layers, cap):
     costs = _small_costs()
     try:
         plan = plan_for_pipeline(shape, S, m, schedule, costs=costs, fidelity=fid, activation_budget_bytes=cap,
-                                 candidates=("int4", "int5", "int6", "int8"), pipeline_buffers=False)
+                                 candidates=("int4", "int5", "int6", "int8"), pipeline_buffers=False,
+                                 baseline_format="int4")
     except BudgetError:
         # then even int4 everywhere must fail somewhere, checked independently
         plan_spec = PipelineSpec(schedule=schedule, stages=S, microbatches=m)
