@@ -94,28 +94,33 @@ class ActivationCostTable:
     # ---- constructors ---------------------------------------------------------------------------
     @classmethod
     def from_formula(cls, shape: TransformerShape, *, tokens: int, formats: Sequence[str],
-                     act_bytes: int = 2, block: int | None = None, seq_len: int | None = None) -> "ActivationCostTable":
-        """LAAQ's stored tensors counted from shapes (exact packed bytes of each format).
+                     act_bytes: int = 2, block: int | None = None, seq_len: int | None = None,
+                     final_norm_format: str = "nf4") -> "ActivationCostTable":
+        """LAAQ's kept tensors counted from shapes (exact packed bytes of each format).
 
-        Per layer and micro-batch of ``tokens`` tokens: in the format, the two RMSNorm inputs and the
-        out-projection input (tokens x hidden each) and the gate/up outputs (2 x tokens x
-        intermediate); in ``act_bytes``, what SDPA keeps (q, k, v, output) plus its fp32 logsumexp.
+        Per layer and micro-batch of ``tokens`` tokens: in the format, the two RMSNorm inputs
+        (tokens x hidden each) and the gate/up outputs (2 x tokens x intermediate); in ``act_bytes``,
+        what SDPA keeps (q, k, v, output) plus its fp32 logsumexp. The out-projection input is a view
+        of SDPA's output, which the kernel keeps anyway: LAAQ keeps it by reference (0 bytes).
         First stage: the int64 token ids the embedding keeps. Last stage: the final-norm input in
-        16-bit and the fp32 log-softmax of the logits that the loss keeps. Every virtual stage: the
-        RoPE cos and sin tables (``seq_len`` x head_dim each, shared by the micro-batch's sequences).
+        ``final_norm_format``, the fp32 log-softmax of the logits, the int64 targets and the loss's
+        4-byte weight. Every virtual stage: the RoPE cos and sin tables (``seq_len`` x head_dim each,
+        shared by the micro-batch's sequences). tests/planner/test_measure.py checks this against
+        LAAQ's measurement.
         """
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
             raise PlannerError(f"tokens must be an int >= 1, got {tokens!r}")
         T, h = tokens, shape.hidden
-        quant_tensors = [T * h, T * h, T * h, T * shape.intermediate, T * shape.intermediate]
+        quant_tensors = [T * h, T * h, T * shape.intermediate, T * shape.intermediate]
         fixed = act_bytes * (2 * T * h + 2 * T * shape.kv_dim) + 4 * T * shape.heads
         per_fmt = {}
         for name in check_candidates(formats, block):
             spec = get_format(name, block)
             per_fmt[name] = fixed + sum(spec.storage_bytes(n) for n in quant_tensors)
+        final = get_format(check_candidates([final_norm_format], block)[0], block).storage_bytes(T * h)
         seq = seq_len if seq_len is not None else T
         return cls(layer_bytes=per_fmt, layer_fixed_bytes=fixed, quantized_numel=sum(quant_tensors),
-                   first_stage_bytes=8 * T, last_stage_bytes=act_bytes * T * h + 4 * T * shape.vocab,
+                   first_stage_bytes=8 * T, last_stage_bytes=final + 4 * T * shape.vocab + 8 * T + 4,
                    chunk_bytes=2 * seq * shape.head_dim * act_bytes, tokens=T,
                    source=f"formula (LAAQ roles from shapes, {T} tokens/micro-batch)")
 

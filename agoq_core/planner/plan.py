@@ -209,7 +209,8 @@ def _activation_table(cfg: PlanConfig, shape: TransformerShape) -> ActivationCos
         return ActivationCostTable.from_bits(formats, block=cfg.block)
     if cfg.activations == "formula":
         return ActivationCostTable.from_formula(shape, tokens=tokens, formats=formats, block=cfg.block,
-                                                act_bytes=_ACT_BYTES[str(cfg.dtype).lower()], seq_len=cfg.seq_len)
+                                                act_bytes=_ACT_BYTES[str(cfg.dtype).lower()], seq_len=cfg.seq_len,
+                                                final_norm_format=cfg.baseline_format)
     from agoq_core.planner.measure import measure_activation_costs
 
     return measure_activation_costs(shape, microbatch_size=cfg.microbatch_size, seq_len=cfg.seq_len,
