@@ -226,7 +226,7 @@ def _report(rows, args, torch, be, dev) -> dict:
 
     def gmean(v):
         import math
-        return round(math.exp(sum(math.log(x) for x in v) / len(v)), 3) if v else None
+        return round(math.exp(sum(math.log(max(x, 1e-9)) for x in v) / len(v)), 3) if v else None
 
     env = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
            "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
