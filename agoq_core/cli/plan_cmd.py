@@ -56,12 +56,23 @@ def _run(args: argparse.Namespace) -> int:
         static=StaticMemoryConfig(param_bytes=args.param_bytes, grads=args.grads, optimizer=args.optimizer))
     plan = plan_for_pipeline(_load_model(args.model), config=cfg)
     check = _torch_check(plan.spec)
+    run = None
+    if args.run_check:
+        from agoq_core.planner.pipeline_run import run_planned_pipeline
+
+        run = run_planned_pipeline(plan, steps=args.run_check)
     if args.json:
         d = plan.to_dict()
         d["torch_check"] = check
+        if run is not None:
+            d["run_check"] = run.to_dict()
         print(json.dumps(d, indent=2))
     else:
         print(render_plan(plan, torch_check=check))
+        if run is not None:
+            print(f"\nplan vs a real torch.distributed.pipelining run ({plan.spec.stages} CPU processes, gloo, "
+                  f"{args.run_check} steps, last step measured; bytes above what was alive when it started):")
+            print(run.table())
     return 0
 
 
@@ -96,5 +107,8 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--param-bytes", type=int, default=2, help="bytes per weight (2 = bf16, 4 = fp32) [2]")
     p.add_argument("--grads", default="quangrad", choices=("quangrad", "bf16", "fp32"), help="gradient storage")
     p.add_argument("--optimizer", default="adam8bit", choices=("adam", "adam8bit", "sgd", "none"), help="optimizer state")
+    p.add_argument("--run-check", type=int, default=0, metavar="STEPS",
+                   help="also train STEPS steps of the plan on a real CPU pipeline (one process per stage, "
+                        "gloo; small models only) and print measured vs planned memory per stage")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=_run)
