@@ -11,10 +11,12 @@ Bytes are counted per unique storage (a tensor saved by Q, K and V projections c
 counts its whole storage), parameters are excluded, and only storages still alive when the result
 is read count (a tensor saved by a branch that was freed in forward is not kept for backward).
 Nothing is computed from shapes: on the ``meta`` device the storages are real objects with real
-sizes and no data, which makes measuring full-size models cheap.
+sizes and no data, which makes measuring full-size models cheap (there SDPA is made to keep what the
+flash kernels keep, see :func:`flash_layout_sdpa`).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
@@ -26,7 +28,7 @@ from agoq_core.laaq import storage
 from agoq_core.laaq.config import LAAQConfig
 from agoq_core.laaq.families import FAMILIES, LayerFamily
 
-__all__ = ["PARTS", "SavedBytes", "SavedBytesMeter", "measure_saved_bytes"]
+__all__ = ["PARTS", "SavedBytes", "SavedBytesMeter", "measure_saved_bytes", "flash_layout_sdpa"]
 
 #: Parts of a decoder layer, in forward order. LAAQ roles land in: norm_input -> norm,
 #: attention_core -> attn_core, attn_out_input -> o_in, mlp_act_input -> act.
@@ -79,13 +81,13 @@ class SavedBytes:
         """Per-layer table in MiB; with ``other`` (e.g. LAAQ), both side by side and their ratio."""
         uname = {1: "B", 1 << 10: "KiB", 1 << 20: "MiB", 1 << 30: "GiB"}.get(unit, f"x{unit}B")
         runs = [self] + ([other] if other is not None else [])
-        head = f"{'layer':>6} {'run':<10}" + "".join(f"{p:>10}" for p in PARTS) + f"{'total':>11}"
+        head = f"{'layer':>6} {'run':<10}" + "".join(f"{p:>11}" for p in PARTS) + f"{'total':>12}"
         lines = [f"bytes kept for backward ({uname})", head]
         for layer in sorted(set().union(*(r.per_layer for r in runs))):
             for r in runs:
                 d = r.per_layer.get(layer, {})
-                lines.append(f"{layer:>6} {r.label[:10]:<10}" + "".join(f"{d.get(p, 0) / unit:>10.3f}" for p in PARTS)
-                             + f"{sum(d.values()) / unit:>11.3f}")
+                lines.append(f"{layer:>6} {r.label[:10]:<10}" + "".join(f"{d.get(p, 0) / unit:>11.3f}" for p in PARTS)
+                             + f"{sum(d.values()) / unit:>12.3f}")
         for r in runs:
             lines.append(f"{'rest':>6} {r.label[:10]:<10} " + ", ".join(
                 f"{k}={v / unit:.3f}" for k, v in sorted(r.outside.items())) + f"  (total {r.total / unit:.3f})")
@@ -225,6 +227,45 @@ class SavedBytesMeter:
         return out
 
 
+class _MetaFlashAttention(torch.autograd.Function):
+    """On meta tensors: what a flash-attention kernel keeps (Q, K, V, output, fp32 logsumexp), with
+    its output in the (batch, seq, heads, dim) memory layout HF's out-projection then reads."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        b, h, s, d = q.shape
+        out = torch.empty(b, s, h, v.shape[-1], dtype=q.dtype, device=q.device).transpose(1, 2)
+        lse = torch.empty(b, h, s, dtype=torch.float32, device=q.device)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx._saved_output = out.detach()  # as the real SDPA nodes expose it (LAAQ's kept-by-reference check)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # pragma: no cover - meta measurements never run backward
+        raise RuntimeError("meta-device attention is for measuring saved bytes only")
+
+
+@contextlib.contextmanager
+def flash_layout_sdpa():
+    """While active, ``F.scaled_dot_product_attention`` on *meta* tensors keeps what the flash kernels
+    keep. On meta, SDPA otherwise runs its math path, which keeps the seq x seq probabilities
+    (32 GiB per LLaMA-2-7B layer at 64K tokens) instead. Other devices are untouched."""
+    import torch.nn.functional as F
+
+    orig = F.scaled_dot_product_attention
+
+    def sdpa(query, key, value, *args, **kwargs):
+        if query.device.type == "meta":
+            return _MetaFlashAttention.apply(query, key, value)
+        return orig(query, key, value, *args, **kwargs)
+
+    F.scaled_dot_product_attention = sdpa
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = orig
+
+
 def _forward_stack(model: nn.Module, input_ids: torch.Tensor, with_loss: bool) -> Any:
     """The HF LLaMA-family forward, written out (embedding, RoPE, layers, norm, head, loss).
 
@@ -306,7 +347,8 @@ def measure_saved_bytes(model_or_config: Any, policy: "LAAQConfig | Mapping[str,
             if hasattr(getattr(model, "config", None), "use_cache"):
                 kwargs["use_cache"] = False  # a KV cache would hold K/V beyond the graph
             if dev.type == "meta":
-                out = _forward_stack(model, input_ids, with_loss)
+                with flash_layout_sdpa():
+                    out = _forward_stack(model, input_ids, with_loss)
             else:
                 out = model(input_ids=input_ids, **kwargs)
         res = meter.result()  # read while `out` (and so the graph) is alive

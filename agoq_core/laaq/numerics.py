@@ -93,3 +93,79 @@ def gradient_errors(model: nn.Module, config: LAAQConfig, input_ids: torch.Tenso
             by_type[t] = {"rel_l2": (dd / aa) ** 0.5 if aa > 0 else 0.0,
                           "cosine": ab / max((aa * bb) ** 0.5, 1e-300), "params": n}
     return GradientErrors(loss0, loss1, by_type, by_param)
+
+
+# ---- the study behind docs/laaq.md (python -m agoq_core.laaq.numerics) -------------------------------------
+STUDY_POLICIES = ("nf4", "fp4_e2m1", "int4", "int5", "int6", "int8", "naive int4", "naive int8")
+
+
+def _policy(name: str) -> LAAQConfig:
+    if name.startswith("naive "):
+        return LAAQConfig.uniform(name.split()[1], include_attention=True)
+    return LAAQConfig.uniform(name)
+
+
+def _tiny_llama(seed: int = 0) -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=256, hidden_size=96, intermediate_size=264, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, use_cache=False)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(cfg)
+
+
+def _text_batches(seq: int, batch: int):
+    """Byte-level windows of the shipped WikiText-2 validation text (CC BY-SA 3.0), fixed order."""
+    from importlib import resources
+
+    data = (resources.files("agoq_core") / "data" / "wikitext-2" / "valid.txt").read_bytes()
+    ids = torch.frombuffer(bytearray(data[: 1 << 20]), dtype=torch.uint8).long()
+    i = 0
+    while True:
+        g = torch.Generator().manual_seed(i)
+        starts = torch.randint(0, ids.numel() - seq, (batch,), generator=g)
+        yield torch.stack([ids[s:s + seq] for s in starts])
+        i += 1
+
+
+def study(train_steps: int = 100, seq: int = 128, batch: int = 8) -> dict[str, dict[str, GradientErrors]]:
+    """Gradient errors of STUDY_POLICIES on a tiny HF LLaMA: at init, and after ``train_steps`` AdamW
+    steps on WikiText-2 bytes (trained models have larger attention logits, where quantizing Q/K hurts)."""
+    model = _tiny_llama()
+    batches = _text_batches(seq, batch)
+    probe = next(batches)
+    out = {"init": {p: gradient_errors(model, _policy(p), probe) for p in STUDY_POLICIES}}
+    if train_steps:
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        for _ in range(train_steps):
+            ids = next(batches)
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        out[f"after {train_steps} steps"] = {p: gradient_errors(model, _policy(p), probe) for p in STUDY_POLICIES}
+    return out
+
+
+def markdown(results: dict[str, dict[str, GradientErrors]]) -> str:
+    types = [t for t in LAYER_TYPES if t != "embed"]
+    lines = []
+    for phase, rows in results.items():
+        first = next(iter(rows.values()))
+        lines += [f"**{phase}** (loss {first.loss_plain:.3f}; normalized L2 error of the gradient, pooled per "
+                  "layer type)", "",
+                  "| policy | " + " | ".join(types) + " |", "|---" * (len(types) + 1) + "|"]
+        for p, r in rows.items():
+            cells = [f"{r.by_type[t]['rel_l2']:.4f}" if t in r.by_type else "-" for t in types]
+            lines.append(f"| {p} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # pragma: no cover - documentation generator
+    import argparse
+
+    ap = argparse.ArgumentParser(description="LAAQ gradient-error study (docs/laaq.md)")
+    ap.add_argument("--train-steps", type=int, default=100)
+    a = ap.parse_args()
+    print(markdown(study(a.train_steps)))
