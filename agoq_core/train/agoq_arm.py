@@ -20,8 +20,8 @@ __all__ = ["make_agoq_arm", "RECIPES", "laaq_policy", "quangrad_config"]
 
 @dataclass(frozen=True)
 class Recipe:
-    laaq: Callable[[Any], Any]          # LAAQConfig class -> policy
-    quangrad: dict[str, Any]            # QuanGradConfig fields
+    laaq: Callable[[Any], Any] | None   # LAAQConfig class -> policy; None: autograd's own activations
+    quangrad: dict[str, Any] | None     # QuanGradConfig fields; None: plain .grad (+ DDP), as the baseline
 
 
 # The 4-bit format is LAAQ's default (int4, block 128) for both the paper policy and the naive
@@ -33,6 +33,8 @@ RECIPES: dict[str, Recipe] = {
     "naive-fp8-allreduce": Recipe(laaq=lambda C: C.paper(), quangrad={"fmt": "fp8_e4m3", "collective": "naive_fp8"}),
     "int8-everywhere": Recipe(laaq=lambda C: C.uniform("int8", include_attention=True),
                               quangrad={"fmt": "int8", "collective": "quangrad"}),
+    "laaq-only": Recipe(laaq=lambda C: C.paper(), quangrad=None),
+    "quangrad-only": Recipe(laaq=None, quangrad={"fmt": "fp8_e4m3", "collective": "quangrad"}),
 }
 
 
@@ -46,7 +48,10 @@ def _import(module: str, what: str):
 
 
 def laaq_policy(name: str):
-    """The LAAQConfig arm ``name`` uses (layer overrides from a pipeline plan are added by the caller)."""
+    """The LAAQConfig arm ``name`` uses (None: no LAAQ); a pipeline plan's layer overrides are added by
+    the caller."""
+    if RECIPES[name].laaq is None:
+        return None
     laaq = _import("agoq_core.laaq", "LAAQ (activation quantization)")
     return RECIPES[name].laaq(laaq.LAAQConfig)
 
@@ -61,19 +66,34 @@ def make_agoq_arm(name: str, model, rt: Runtime, cfg: TrainConfig, *, laaq_confi
                   group: Any = None, laaq_target: Any = None, clip_in_quangrad: bool = True) -> Arm:
     """Arm ``name`` on ``model``: LAAQ applied to ``laaq_target`` (default ``model``; a pipeline stage
     passes the whole HF model so the final norm and LM head convert too), QuanGrad around ``model``."""
-    laaq = _import("agoq_core.laaq", "LAAQ (activation quantization)")
-    qg_mod = _import("agoq_core.quangrad", "QuanGrad (8-bit gradients)")
+    recipe = RECIPES[name]
+    if cfg.pp > 1 and (recipe.laaq is None or recipe.quangrad is None):
+        raise ArmUnavailable(f"the {name} arm is not set up for --pp (it runs without pipelining)")
     policy = laaq_config if laaq_config is not None else laaq_policy(name)
+    report = None
+    if policy is not None:
+        laaq = _import("agoq_core.laaq", "LAAQ (activation quantization)")
+        report = laaq.apply(laaq_target if laaq_target is not None else model, policy)
+    if recipe.quangrad is None:  # gradients as in the baseline (.grad, DDP, fp32 masters for bf16)
+        from agoq_core.train.arms import _baseline
+
+        arm = _baseline(model, rt, cfg)
+        arm.name, arm.laaq_report = name, report
+        arm.notes.insert(0, str(report))
+        return arm
+    qg_mod = _import("agoq_core.quangrad", "QuanGrad (8-bit gradients)")
     qcfg = quangrad_config(name, cfg, group, clip=clip_in_quangrad)
     arm = Arm(name=name, model=model, rt=rt, cfg=cfg)
-    arm.laaq_report = laaq.apply(laaq_target if laaq_target is not None else model, policy)
+    arm.laaq_report = report
     try:
         wrapper = qg_mod.QuanGradDDP(model, lambda ps: _adamw(ps, cfg, cfg.agoq_optimizer), config=qcfg)
     except BaseException:
-        arm.laaq_report.undo()
+        if report is not None:
+            report.undo()
         raise
     arm.quangrad = wrapper
     arm.optimizer = wrapper.optimizer
-    arm.notes.append(str(arm.laaq_report))
+    if report is not None:
+        arm.notes.append(str(report))
     arm.notes.append(str(wrapper.report))
     return arm

@@ -10,6 +10,8 @@ what this file sets up:
 | uniform4-attn | everything 4-bit, attention core included | as agoq | as agoq |
 | naive-fp8-allreduce | as agoq | FP8, one shared scale, FP8 partial sums (FP8-LM) | as agoq |
 | int8-everywhere | everything int8, attention core included | int8 buffers | as agoq |
+| laaq-only | as agoq | as baseline | as baseline |
+| quangrad-only | as baseline | as agoq | as agoq |
 
 An arm whose parts are not installed is reported as unavailable (with the reason); it is never
 replaced by something else.

@@ -29,6 +29,8 @@ ABLATIONS: dict[str, str] = {
     "uniform4-attn": "every saved activation, attention core included, at 4 bits (the paper: does not converge)",
     "naive-fp8-allreduce": "FP8 gradients reduced the FP8-LM way: one shared scale, low-precision sum",
     "int8-everywhere": "every saved activation (attention included) at int8 and int8 gradients",
+    "laaq-only": "AGoQ's activation half alone: LAAQ (paper policy) with plain .grad gradients and DDP",
+    "quangrad-only": "AGoQ's gradient half alone: QuanGrad FP8 gradients with autograd's own activations",
 }
 
 _DEVICES_HINT = "'auto', 'cpu', or an accelerator type torch knows ('cuda', 'npu', 'xpu', 'mps', ...)"

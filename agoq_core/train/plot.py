@@ -5,10 +5,11 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["plot_curves", "read_metrics"]
+__all__ = ["plot_curves", "plot_val_gap", "read_metrics"]
 
 _COLORS = {"baseline": "#1f77b4", "agoq": "#d62728", "uniform4-attn": "#9467bd",
-           "naive-fp8-allreduce": "#ff7f0e", "int8-everywhere": "#2ca02c"}
+           "naive-fp8-allreduce": "#ff7f0e", "int8-everywhere": "#2ca02c", "laaq-only": "#8c564b",
+           "quangrad-only": "#e377c2"}
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -70,3 +71,65 @@ def plot_curves(records: Iterable[dict[str, Any]], out: str | Path, *, title: st
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def plot_val_gap(records: Iterable[dict[str, Any]], out: str | Path, *, title: str = "",
+                 tolerance: float = 0.01) -> Path:
+    """Write a PNG of each arm's held-out loss relative to the baseline's, (arm - base) / base, per
+    evaluation, with the +-``tolerance`` band (the convergence criterion)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    evals: dict[str, dict[int, float]] = {}
+    for r in records:
+        if r["kind"] == "eval":
+            evals.setdefault(r["arm"], {})[r["step"]] = r["val_loss"]
+    base = evals.get("baseline")
+    if not base:
+        raise ValueError("plot_val_gap needs the baseline arm's evaluations")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.axhspan(-100 * tolerance, 100 * tolerance, color="0.9", label=f"within {tolerance:.0%}")
+    ax.axhline(0, color=_COLORS["baseline"], lw=1)
+    for i, (arm, ev) in enumerate(evals.items()):
+        if arm == "baseline":
+            continue
+        steps = sorted(s for s in ev if s in base)
+        ax.plot(steps, [100 * (ev[s] - base[s]) / base[s] for s in steps], marker="o", ms=3.5,
+                color=_COLORS.get(arm, f"C{i}"), label=arm)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("validation loss vs baseline (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    out = Path(out)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    """python -m agoq_core.train.plot RUN_DIR [OUT_PREFIX]: curves.png and val-gap.png of a run."""
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        raise SystemExit("usage: python -m agoq_core.train.plot RUN_DIR [OUT_PREFIX]")
+    run_dir = Path(args[0])
+    prefix = args[1] if len(args) > 1 else str(run_dir / "")
+    recs = read_metrics(run_dir / "metrics.jsonl")
+    title = ""
+    cfg_path = run_dir / "config.json"
+    if cfg_path.is_file():
+        cfg = json.loads(cfg_path.read_text())
+        tokens = cfg["seq_len"] * cfg["micro_batch"] * cfg["grad_accum"] * (cfg["nproc"] // cfg["pp"])
+        title = f"{cfg['model']}, {cfg['steps']} steps x {tokens:,} tokens, {cfg['nproc']} proc"
+    print(plot_curves(recs, f"{prefix}curves.png", title=title))
+    print(plot_val_gap(recs, f"{prefix}val-gap.png", title=title))
+
+
+if __name__ == "__main__":
+    main()
