@@ -88,7 +88,34 @@ def build_golden() -> dict:
             cases.append({"id": f"reduce_requantize/{key}", "op": "reduce_requantize", "fmt": name,
                           "block": spec.block, "numel": n, "input": f"red/{key}",
                           "expect": [f"red/{key}/codes", f"red/{key}/scales"]})
+    _protocol_cases(g, tensors, cases)
     return {"spec_version": SPEC_VERSION, "cases": cases, "tensors": tensors}
+
+
+def _protocol_cases(g: torch.Generator, tensors: dict, cases: list) -> None:
+    """QuanGrad's all-reduce and reduce-scatter, simulated in one process: every wire payload byte
+    (all-to-all and all-gather send buffers) and every rank's result."""
+    from agoq_core.quangrad.protocol import resolve_spec, simulate_all_reduce, simulate_reduce_scatter
+
+    for name in gradient_formats():
+        spec = resolve_spec(name, None)  # QuanGrad's default block for this format
+        for w, n, dname in ((2, 1031, "f32"), (4, 4 * spec.block * 4 + 40, "bf16"), (3, 7, "f32")):
+            ranks = [(torch.randn(n, generator=g) * 10.0 ** -(r + 2)).to(_DTYPES[dname]) for r in range(w)]
+            key = f"proto/{name}/w{w}/n{n}/{dname}"
+            tensors[f"{key}/x"] = torch.stack(ranks)
+            ar = simulate_all_reduce(ranks, spec)
+            tensors[f"{key}/a2a"] = torch.stack([p.all_to_all for p in ar.payloads])
+            tensors[f"{key}/ag"] = torch.stack([p.all_gather for p in ar.payloads])
+            tensors[f"{key}/result"] = torch.stack(ar.results)
+            cases.append({"id": f"protocol_all_reduce/{name}/w{w}/n{n}/{dname}", "op": "protocol_all_reduce",
+                          "fmt": name, "block": spec.block, "input": f"{key}/x",
+                          "expect": [f"{key}/a2a", f"{key}/ag", f"{key}/result"]})
+            rs = simulate_reduce_scatter(ranks, spec)
+            tensors[f"{key}/rs_a2a"] = torch.stack(rs.payloads)
+            tensors[f"{key}/rs_shards"] = torch.stack(rs.shards)
+            cases.append({"id": f"protocol_reduce_scatter/{name}/w{w}/n{n}/{dname}", "op": "protocol_reduce_scatter",
+                          "fmt": name, "block": spec.block, "input": f"{key}/x",
+                          "expect": [f"{key}/rs_a2a", f"{key}/rs_shards"]})
 
 
 def _file_sha256(path: Path) -> str:

@@ -85,13 +85,29 @@ def _execute(case: dict, tensors: dict, be, device: torch.device) -> list[torch.
         out = reduce_requantize(tensors[f"{k}/codes_in"].to(device), tensors[f"{k}/scales_in"].to(device), spec,
                                 case["numel"], backend=be)
         return [out.codes, out.scales]
+    if op in ("protocol_all_reduce", "protocol_reduce_scatter"):
+        from agoq_core.quangrad.protocol import simulate_all_reduce, simulate_reduce_scatter
+
+        ranks = list(tensors[case["input"]].to(device).unbind(0))
+        if op == "protocol_all_reduce":
+            ar = simulate_all_reduce(ranks, spec, backend=be)
+            return [torch.stack([p.all_to_all for p in ar.payloads]), torch.stack([p.all_gather for p in ar.payloads]),
+                    torch.stack(ar.results)]
+        rs = simulate_reduce_scatter(ranks, spec, backend=be)
+        return [torch.stack(rs.payloads), torch.stack(rs.shards)]
     raise ValueError(f"unknown conformance op {op!r}")
+
+
+# ops a case needs from the backend (protocol cases exercise the whole QuanGrad compute path)
+_NEEDS = {"protocol_all_reduce": ("quantize", "dequantize", "reduce_requantize"),
+          "protocol_reduce_scatter": ("quantize", "dequantize")}
 
 
 def _unsupported(case: dict, be) -> str | None:
     caps = be.capabilities()
-    if case["op"] not in caps.ops:
-        return f"backend does not claim op {case['op']!r}"
+    for op in _NEEDS.get(case["op"], (case["op"],)):
+        if op not in caps.ops:
+            return f"backend does not claim op {op!r}"
     if case["fmt"] not in caps.formats:
         return f"backend does not claim format {case['fmt']!r}"
     if case["block"] > caps.max_block:
@@ -123,7 +139,7 @@ def run_case(case: dict, tensors: dict, be, device: torch.device, deviations: di
         return rec
     want = [tensors[k] for k in case["expect"]]
     total, details = 0, []
-    for name, g, w in zip(("out0", "out1"), got, want):
+    for name, g, w in zip(("out0", "out1", "out2"), got, want):
         n, d = _diff(g, w)
         total += n
         if d:

@@ -45,7 +45,7 @@ def test_formats_table_and_json():
 def test_conformance_run_and_compare_catches_one_changed_case(tmp_path):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     out = agoq("conformance", "run", "--backend", "reference", "--report", str(a), "-q")
-    assert "pass=675" in out.stdout
+    assert "pass=693" in out.stdout
     agoq("conformance", "run", "--backend", "reference", "--report", str(b), "-q", "--select", "*")
     assert agoq("conformance", "compare", str(a), str(b)).returncode == 0
     rep = json.loads(b.read_text())
