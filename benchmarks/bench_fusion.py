@@ -24,8 +24,8 @@ What is measured, per LLaMA layer shape and token count T (bf16, nf4 block 128 =
   quantized (role attn_out_input when the attention output is not kept by SDPA itself). plain: the GEMM on a
   bf16 X. unfused: the cuda backend's dequantize to bf16 + the same GEMM LAAQ runs (``x.t().mm(dy).t()``).
   fused: gemm_dequant_prologue.
-* ``fc1_dw_prologue`` — gate/up weight gradient with X kept quantized (role linear_input: SwiGLU blocks not
-  fed by a converted norm), dW [inter, hidden].
+* ``fc1_dw_prologue`` — the same for a converted Linear of the gate/up shape whose input is kept quantized
+  (role linear_input, own models' Linear modules), dW [inter, hidden].
 Each timing is the median of ``triton.testing.do_bench`` (L2 flushed between runs). Every fused result is
 also checked on the GPU: codes/scales bit-exact with the backend's own quantize kernel applied to the fused
 y, and the SQNR of the fused outputs against the unfused ones.
