@@ -237,7 +237,7 @@ def main(argv=None) -> dict:
         n = mib * (1 << 20) // 2
         x = randn(n)
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        for fmt in ("int4", "int5", "fp8_e4m3"):
+        for fmt in ("int4", "int5", "int6", "fp8_e4m3"):
             if fmt not in fmts:
                 continue
             spec = get_format(fmt)

@@ -43,25 +43,27 @@ class Geometry:
 
 
 # GPU (measured on the H200, 2026-11-29, docs/bench/codecs.md): these kernels are bound by instruction
-# issue, not DRAM. Tiles of 2048 lanes on 4 warps (16 elements per thread) with one tile per program were
-# the best or within 5% of the best of {2048, 4096, 8192} lanes x {8 programs/SM, one tile/program} for
-# int4, int5 and fp8_e4m3; 4096-lane tiles made 5-bit quantize 5x slower (1138 vs 238 us at 256 MiB).
+# issue, not DRAM. Tiles of 2048 lanes on 4 warps (16 elements per thread), one tile per program, were the
+# best or within 5% of the best of {1024, 2048, 4096} lanes (and of 8 programs/SM vs one tile/program) for
+# int4, int5 dequantize and fp8_e4m3. Exception: 5-bit quantize, 197 us with 1024 lanes vs 328 us with
+# 2048 and 1140 us with 4096 (256 MiB); 6-bit quantize likely shares the cliff but was not swept.
 # Interpreter: each program instance costs ~8 ms of Python (cpu-feasibility.md §2), a tile of 2**15
 # lanes ~1 ms of numpy, so one or two big programs are fastest; two exercise the strided loop.
 _GPU_TILE_LANES = 2048
+_GPU_TILE_LANES_5BIT_QUANTIZE = 1024
 _GPU_MAX_PROGRAMS = (1 << 31) - 1
 _INTERP_TILE_LANES = 1 << 15
 _INTERP_PROGRAMS = 2
 
 
 def geometry(block_p: int, n_blocks: int, device: torch.device, *, rows: int | None = None,
-             programs: int | None = None) -> Geometry:
+             programs: int | None = None, lanes: int = _GPU_TILE_LANES) -> Geometry:
     """Default launch geometry for ``n_blocks`` blocks of ``block_p`` lanes (overridable for tests/tuning)."""
     if device.type == "cpu":
         r = rows or max(1, _INTERP_TILE_LANES // block_p)
         tiles = -(-n_blocks // r)
         return Geometry(r, max(1, min(tiles, programs or _INTERP_PROGRAMS)), 4)
-    r = rows or max(1, _GPU_TILE_LANES // block_p)
+    r = rows or max(1, lanes // block_p)
     tiles = -(-n_blocks // r)
     lanes = r * block_p
     warps = 4 if lanes <= 2048 else 8 if lanes <= 4096 else 16
@@ -154,10 +156,11 @@ def quantize(x: torch.Tensor, spec: FormatSpec, codes: torch.Tensor, scales: tor
     elut = _encode_lut(spec.kind, x.device)
     for off, m, boff, soff, ragged in _segments(spec, n):
         nb = spec.num_blocks(m)
-        geo = geometry(c["BLOCK_P"], nb, x.device, rows=rows, programs=programs)
+        geo = geometry(c["BLOCK_P"], nb, x.device, rows=rows, programs=programs,
+                       lanes=_GPU_TILE_LANES_5BIT_QUANTIZE if spec.bits == 5 else _GPU_TILE_LANES)
         _launch(K.quantize_kernel, geo,
-                (xv[off:off + m], cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], elut, m, nb,
-                 -(-nb // geo.rows)), **c, ROWS=geo.rows, RAGGED=ragged, X_FLOAT=xk, NF4_LUT=True,
+                (xv[off:off + m], cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], m, nb,
+                 -(-nb // geo.rows)), **c, ROWS=geo.rows, RAGGED=ragged, X_FLOAT=xk, elut_ptr=elut, NF4_LUT=True,
                 HW=_hw(hw, x.device))
 
 
@@ -195,8 +198,8 @@ def accumulate(codes: torch.Tensor, scales: torch.Tensor, spec: FormatSpec, g: t
         nb = spec.num_blocks(m)
         geo = geometry(c["BLOCK_P"], nb, g.device, rows=rows, programs=programs)
         _launch(K.accumulate_kernel, geo,
-                (cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], lut, elut, gv[off:off + m], m, nb,
-                 -(-nb // geo.rows)), **c, ROWS=geo.rows, RAGGED=ragged, G_FLOAT=gk, NF4_LUT=True,
+                (cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], lut, gv[off:off + m], m, nb,
+                 -(-nb // geo.rows)), **c, ROWS=geo.rows, RAGGED=ragged, G_FLOAT=gk, NF4_LUT=True, elut_ptr=elut,
                 HW=_hw(hw, g.device))
 
 
@@ -221,6 +224,6 @@ def reduce_requantize(codes: torch.Tensor, scales: torch.Tensor, spec: FormatSpe
         cb = spec.code_bytes(m)
         geo = geometry(c["BLOCK_P"], nb, codes.device, rows=rows, programs=programs)
         _launch(K.reduce_requantize_kernel, geo,
-                (cv[:, boff:boff + cb], scales[:, soff:soff + nb], lut, elut, cov[boff:boff + cb],
+                (cv[:, boff:boff + cb], scales[:, soff:soff + nb], lut, cov[boff:boff + cb],
                  scales_out[soff:soff + nb], m, nb, -(-nb // geo.rows), w, codes.stride(0), scales.stride(0)),
-                **c, ROWS=geo.rows, RAGGED=ragged, NF4_LUT=True, HW=_hw(hw, codes.device))
+                **c, ROWS=geo.rows, RAGGED=ragged, NF4_LUT=True, HW=_hw(hw, codes.device), elut_ptr=elut)

@@ -170,10 +170,16 @@ def _encode_nf4(v):
 
 
 @triton.jit
-def bucket_encode(v, elut_ptr, PER_UNIT: tl.constexpr, OFFSET: tl.constexpr, NB: tl.constexpr):
+def bucket_encode(v, elut_ptr, PER_UNIT: tl.constexpr, OFFSET: tl.constexpr, NB: tl.constexpr,
+                  HW: tl.constexpr = False):
     """code = base_k + (v > t_k), bucket k = RNE(v * PER_UNIT) + OFFSET clamped to [0, NB) (garbage v from
-    non-finite blocks stays in bounds); table entries int64 base << 32 | bits(t_k): layout.encode_lut."""
-    k = (tl.fma(v, PER_UNIT, _RNE_MAGIC).to(tl.int32, bitcast=True) - _RNE_MAGIC_BITS) + OFFSET  # v * 2**j exact
+    non-finite blocks stays in bounds); table entries int64 base << 32 | bits(t_k): layout.encode_lut.
+    v * PER_UNIT (a power of two) is exact, so the fused and the unfused forms give the same bits."""
+    if HW:
+        kf = tl.fma(v, PER_UNIT, _RNE_MAGIC)
+    else:
+        kf = v * PER_UNIT + _RNE_MAGIC
+    k = (kf.to(tl.int32, bitcast=True) - _RNE_MAGIC_BITS) + OFFSET
     w = tl.load(elut_ptr + tl.minimum(tl.maximum(k, 0), NB - 1))
     t = w.to(tl.int32).to(tl.float32, bitcast=True)
     return (w >> 32).to(tl.int32) + (v > t).to(tl.int32)

@@ -118,7 +118,7 @@ def _encode_tile(v, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.c
     where gathers are slow, passes LUT=False. FP4 stays on bit logic: its bucket table measured slower."""
     if LUT:
         if KIND == 2:
-            return bucket_encode(v, elut_ptr, 16.0, 16, 33)
+            return bucket_encode(v, elut_ptr, 16.0, 16, 33, HW)
         else:
             return encode(v, KIND, BITS, QMAX, HW, False)
     else:
@@ -263,16 +263,16 @@ _SIZES = ["n", "n_blocks", "n_tiles"]
 
 
 @triton.jit(do_not_specialize=_SIZES)
-def quantize_kernel(x_ptr, codes_ptr, scales_ptr, elut_ptr, n, n_blocks, n_tiles,
+def quantize_kernel(x_ptr, codes_ptr, scales_ptr, n, n_blocks, n_tiles,
                     KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
                     QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, X_FLOAT: tl.constexpr,
-                    NF4_LUT: tl.constexpr, HW: tl.constexpr):
+                    HW: tl.constexpr, elut_ptr=None, NF4_LUT: tl.constexpr = False):
     """x (n elements; fp32/fp16, or bf16 as int16) -> codes (int8 view of the uint8 buffer), scales fp32."""
     t = tl.program_id(0)
     while t < n_tiles:
         rows, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
         x = _load_f32(x_ptr, elem, emask, X_FLOAT)
-        codes, scale = _quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT)
+        codes, scale = _quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None)
         _store_codes(codes_ptr, codes, rows, elem, emask, n, n_blocks, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
         tl.store(scales_ptr + rows, scale, mask=rows < n_blocks)
         t += tl.num_programs(0)
@@ -294,10 +294,10 @@ def dequantize_kernel(codes_ptr, scales_ptr, lut_ptr, out_ptr, n, n_blocks, n_ti
 
 
 @triton.jit(do_not_specialize=_SIZES)
-def accumulate_kernel(codes_ptr, scales_ptr, lut_ptr, elut_ptr, g_ptr, n, n_blocks, n_tiles,
+def accumulate_kernel(codes_ptr, scales_ptr, lut_ptr, g_ptr, n, n_blocks, n_tiles,
                       KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
                       QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, G_FLOAT: tl.constexpr,
-                      NF4_LUT: tl.constexpr, HW: tl.constexpr):
+                      NF4_LUT: tl.constexpr, HW: tl.constexpr, elut_ptr=None):
     """In place: (codes, scales) <- Q(D(codes, scales) + g), D in fp32 and one fp32 add.
 
     Each tile reads its own blocks before writing them, so in-place is race-free."""
@@ -308,7 +308,7 @@ def accumulate_kernel(codes_ptr, scales_ptr, lut_ptr, elut_ptr, g_ptr, n, n_bloc
                              ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW)
         g = _load_f32(g_ptr, elem, emask, G_FLOAT)
         acc = tl.where(emask, d + g, 0.0)  # padding lanes are 0, whatever garbage the pad codes hold
-        codes, scale = _quantize_tile(acc, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT)
+        codes, scale = _quantize_tile(acc, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None)
         _store_codes(codes_ptr, codes, rows, elem, emask, n, n_blocks, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
         tl.store(scales_ptr + rows, scale, mask=rows < n_blocks)
         t += tl.num_programs(0)
@@ -316,11 +316,11 @@ def accumulate_kernel(codes_ptr, scales_ptr, lut_ptr, elut_ptr, g_ptr, n, n_bloc
 
 # The rank strides stay specialized: knowing codes_stride % 16 == 0 keeps the other ranks' loads vectorized.
 @triton.jit(do_not_specialize=_SIZES + ["world"])
-def reduce_requantize_kernel(codes_ptr, scales_ptr, lut_ptr, elut_ptr, codes_out_ptr, scales_out_ptr,
+def reduce_requantize_kernel(codes_ptr, scales_ptr, lut_ptr, codes_out_ptr, scales_out_ptr,
                              n, n_blocks, n_tiles, world, codes_stride, scales_stride,
                              KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
                              QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, NF4_LUT: tl.constexpr,
-                             HW: tl.constexpr):
+                             HW: tl.constexpr, elut_ptr=None):
     """codes[world, codes_stride], scales[world, scales_stride] -> Q(((D0 + D1) + D2) + ...).
 
     The fp32 sum runs in rank order (a left fold), so every rank and every backend gets the same bits."""
@@ -336,7 +336,7 @@ def reduce_requantize_kernel(codes_ptr, scales_ptr, lut_ptr, elut_ptr, codes_out
                                          NF4_LUT, RAGGED, HW)
             r += 1
         acc = tl.where(emask, acc, 0.0)
-        codes, scale = _quantize_tile(acc, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT)
+        codes, scale = _quantize_tile(acc, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None)
         _store_codes(codes_out_ptr, codes, rows, elem, emask, n, n_blocks, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
         tl.store(scales_out_ptr + rows, scale, mask=rows < n_blocks)
         t += tl.num_programs(0)
