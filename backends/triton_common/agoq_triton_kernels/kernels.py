@@ -150,7 +150,8 @@ def _quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl
         if KIND >= 3:  # fp8 keeps the sign of a tiny quotient: take it from x (exact: sign(x/s) = sign(x))
             v = ((v.to(tl.int32, bitcast=True) & _ABS_MASK)
                  | (xf.to(tl.int32, bitcast=True) & _SIGN)).to(tl.float32, bitcast=True)
-    codes = tl.where((bad | (scale == 0.0))[:, None], zero_code(KIND, BITS), _encode_tile(v, elut_ptr, KIND, BITS, QMAX, HW, LUT))
+    codes = _encode_tile(v, elut_ptr, KIND, BITS, QMAX, HW, LUT)
+    codes = tl.where((bad | (scale == 0.0))[:, None], zero_code(KIND, BITS), codes)
     scale = tl.where(bad, _QNAN, scale.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
     return codes, scale
 
