@@ -115,9 +115,13 @@ def render_plan(plan: "Plan", torch_check: str | None = None) -> str:
         tot_c = sum(c.cost for c in plan.closed_form)
         tot_p = sum(s.cost for s in plan.stages)
         over = [s.stage for s, c in zip(plan.stages, plan.closed_form) if not c.fits]
-        note = (f"closed form exceeds the budget on stage(s) {over}" if over else "closed form fits")
-        out.append(f"expected squared error per micro-batch (elements x NSR): plan {tot_p:.4g}, closed form "
-                   f"{tot_c:.4g}; {note}")
+        if over:
+            out.append(f"expected squared error per micro-batch (elements x NSR): plan {tot_p:.4g} within the budget "
+                       f"on every stage; closed form {tot_c:.4g} but over the budget on stage(s) {over} (its lower "
+                       f"error there uses memory the stage does not have)")
+        else:
+            out.append(f"expected squared error per micro-batch (elements x NSR): plan {tot_p:.4g}, closed form "
+                       f"{tot_c:.4g} (both within the budget; the plan is optimal, so it is never higher)")
     return "\n".join(out)
 
 
