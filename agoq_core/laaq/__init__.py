@@ -18,7 +18,8 @@ from agoq_core.laaq.families import FAMILIES, LayerFamily, register_family
 from agoq_core.laaq.integrate import (Conversion, LAAQReport, Skip, apply, convert_linear, convert_norm,
                                       convert_swiglu, is_converted, remove)
 from agoq_core.laaq.loss import chunked_linear_cross_entropy
-from agoq_core.laaq.memory import PARTS, SavedBytes, SavedBytesMeter, measure_saved_bytes
+from agoq_core.laaq.memory import PARTS, SavedBytes, SavedBytesMeter, flash_layout_sdpa, measure_saved_bytes
+from agoq_core.laaq.numerics import GradientErrors, gradient_errors
 
 __all__ = [
     # the verb and its config
@@ -45,6 +46,10 @@ __all__ = [
     "SavedBytes",
     "SavedBytesMeter",
     "PARTS",
+    "flash_layout_sdpa",
+    # numerics
+    "gradient_errors",
+    "GradientErrors",
     # long sequences
     "chunked_linear_cross_entropy",
 ]
