@@ -307,7 +307,7 @@ def main(argv=None) -> dict:
 
     device = torch.device(args.device)
     if device.type == "cuda":
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(torch.device(device).index or 0)  # torch 2.11 needs an index
     be, note = _backend(args.backend, device)
     _init_dist(device)
     t0 = time.time()

@@ -24,7 +24,7 @@ for spec in "$@"; do
   stage=${spec%%:*}; secs=${spec#*:}; [ "$secs" = "$spec" ] && secs=300
   echo "=== $stage (limit ${secs}s) ==="
   case $stage in
-    conformance) cmd=(python3 -m agoq_core.cli.main conformance run --backend cuda --report "$OUT/cuda-h200.json" -q) ;;
+    conformance) cmd=(python3 -m agoq_core.cli.main conformance run --backend cuda --report "$OUT/cuda-h200.json") ;;
     laaq)        cmd=(python3 benchmarks/bench_laaq.py --budget-s $((secs - 40))) ;;
     quangrad)    cmd=(python3 benchmarks/bench_quangrad_gpu.py) ;;
     fusion)      cmd=(python3 benchmarks/bench_fusion.py) ;;
