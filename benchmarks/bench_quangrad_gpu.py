@@ -80,6 +80,9 @@ def _init_dist(device):
         return
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    if device.type == "cuda" and device.index is None:  # torch 2.11 wants an indexed device_id
+        import torch
+        device = torch.device("cuda", torch.cuda.current_device())
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1,
                             device_id=device if device.type == "cuda" else None)
 
