@@ -7,6 +7,7 @@ unchanged. With autograd disabled (inference) every converted module runs its or
 """
 from __future__ import annotations
 
+import functools
 import logging
 import types
 from dataclasses import dataclass, field
@@ -141,24 +142,28 @@ def _attention_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         return st.orig(*args, **kwargs)
 
 
-# torch.compile: dynamo would trace into these and lose the NormSource attached to a norm output
-# (tensor attributes do not survive tracing), silently turning "recompute" into "quantize the GEMM
-# input". Disabling dynamo here keeps LAAQ exact under torch.compile: these run eagerly, the code
-# between them (attention, RoPE, residuals) is still compiled. Measured in tests/laaq/test_compile.py.
-_norm_forward = torch.compiler.disable(_norm_forward, recursive=True)
-_linear_forward = torch.compiler.disable(_linear_forward, recursive=True)
-_swiglu_forward = torch.compiler.disable(_swiglu_forward, recursive=True)
-_attention_forward = torch.compiler.disable(_attention_forward, recursive=True)
+_PLAIN_FORWARDS = {"norm": _norm_forward, "linear": _linear_forward, "swiglu": _swiglu_forward,
+                   "attention_core": _attention_forward}
 
-_FORWARDS = {"norm": _norm_forward, "linear": _linear_forward, "swiglu": _swiglu_forward,
-             "attention_core": _attention_forward}
+
+@functools.lru_cache(maxsize=1)
+def _forwards() -> dict[str, Callable]:
+    """The converted forwards, hidden from torch.compile.
+
+    Dynamo would trace into them and lose the NormSource attached to a norm output (tensor attributes
+    do not survive tracing), silently turning "recompute" into "quantize the GEMM input". Disabled,
+    they run eagerly and the code between them (attention, RoPE, residuals) is still compiled
+    (tests/laaq/test_compile.py). Built on first use, not at import: torch.compiler.disable imports
+    torch._dynamo, which imports triton where it is installed.
+    """
+    return {k: torch.compiler.disable(f, recursive=True) for k, f in _PLAIN_FORWARDS.items()}
 
 
 def _patch(m: nn.Module, st: _State) -> None:
     st.had_forward = "forward" in m.__dict__
     st.old_forward = m.__dict__.get("forward")
     m.__dict__[_STATE_ATTR] = st
-    m.forward = types.MethodType(_FORWARDS[st.kind], m)
+    m.forward = types.MethodType(_forwards()[st.kind], m)
 
 
 def _unpatch(m: nn.Module) -> None:
