@@ -235,6 +235,12 @@ def run_point(model, method, seq, args, mem, state, timed=True):
             res["tokens_per_s"] = seq / dt
     except torch.OutOfMemoryError as exc:  # noqa: PERF203
         oom = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+    except Exception as exc:  # a failing point must not lose the rest of the one GPU run
+        import traceback
+
+        res["failed"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:400]
+        res["traceback"] = traceback.format_exc()[-2000:]
+        print(f"  {method} {seq}: FAILED {res['failed']}", file=sys.stderr, flush=True)
     if oom is not None:  # outside the except block: its frame no longer pins the graph
         res["oom"] = True
         res["error"] = oom
@@ -327,7 +333,8 @@ def main(args=ARGS):
 
     max_seq = {}
     for method in args.ladder_methods.split(","):
-        fits_at = max((r["seq"] for r in runs if r.get("method") == method and r.get("oom") is False), default=None)
+        fits_at = max((r["seq"] for r in runs if r.get("method") == method and r.get("oom") is False
+                       and not r.get("failed")), default=None)
         failed = min((r["seq"] for r in runs if r.get("method") == method and r.get("oom")), default=None)
         predict = fit_time(method)
         stop = "ladder exhausted"
@@ -346,6 +353,9 @@ def main(args=ARGS):
             r["parts"] = parts(r, weights, grads)
             r["ladder"] = True
             runs.append(r)
+            if r.get("failed"):
+                stop = f"failed at {seq}: {r['failed'][:80]}"
+                break
             print(f"  ladder {method:8s} {seq:>7d}: {'OOM' if r['oom'] else 'fits'} (peak {_g(r.get('peak_bytes'))} GiB,"
                   f" {r.get('first_step_s', 0):.1f} s)", flush=True)
             if r["oom"]:
@@ -399,7 +409,7 @@ def print_table(rep, args):
         p = r.get("parts", {})
         f = lambda k: _g(p.get(k))  # noqa: E731
         tps = f"{r['tokens_per_s']:.0f}" if r.get("tokens_per_s") else "-"
-        tag = " OOM" if r.get("oom") else (" (ladder)" if r.get("ladder") else "")
+        tag = " OOM" if r.get("oom") else (" FAILED" if r.get("failed") else (" (ladder)" if r.get("ladder") else ""))
         print(f"{r['method']:<8} {r['seq']:>7} {_g(r.get('peak_bytes')):>7} {f('weights'):>8} {f('grads'):>6} "
               f"{f('activations'):>7} {f('saved_layers'):>8} {f('logits_loss'):>8} "
               f"{f('transient'):>7} {tps:>8}{tag}")
