@@ -45,7 +45,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--grad-accum", type=int, default=S, help="micro-batches per optimizer step (default: 1)")
     g.add_argument("--steps", type=int, default=S, help="optimizer steps per arm (default: 150)")
     g.add_argument("--seed", type=int, default=S, help="init and data-order seed, shared by all arms (default: 0)")
-    g.add_argument("--eval-every", type=int, default=S, help="evaluate every N steps, 0 = only at the end (25)")
+    g.add_argument("--eval-every", type=int, default=S, help="evaluate every N steps, 0 = only at the end (50)")
     g.add_argument("--eval-tokens", type=int, default=S, help="held-out tokens per evaluation (default: 16384)")
 
     g = parser.add_argument_group("optimisation (same for every arm)")

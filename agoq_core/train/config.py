@@ -68,7 +68,7 @@ class TrainConfig:
     pp_schedule: str = "1f1b"
     threads: int = 0                # torch threads per process; 0 = cores / processes
     # evaluation and output
-    eval_every: int = 25
+    eval_every: int = 50
     eval_tokens: int = 16384
     out_dir: str = "runs"
     run_name: str = ""              # sub-folder of out_dir; "" = a timestamp

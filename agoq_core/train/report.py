@@ -117,8 +117,10 @@ def render_table(summary: dict[str, Any]) -> str:
         f"{summary['tokens_per_step']:,} tokens, device {env.get('device')} ({env.get('dtype')}), "
         f"{env.get('world', 1)} process(es), agoq backend {env.get('agoq_backend')}"
     )
-    for check, ok in (summary.get("checks") or {}).items():
-        lines.append(f"check {check}: {'yes' if ok else 'NO'}")
+    for arm, c in (summary.get("checks") or {}).items():
+        where = "within" if c["within_tolerance"] else "outside"
+        lines.append(f"{arm}: validation loss {c['val_loss_rel_diff']:+.2%} vs baseline ({where} the "
+                     f"{c['tolerance']:.0%} convergence criterion; short runs lag more, see docs/convergence.md)")
     return "\n".join(lines)
 
 

@@ -131,17 +131,18 @@ def _worker(rank: int, world: int, cfg: TrainConfig, run_dir: str | None) -> dic
         shutdown(rt)
 
 
-def _checks(results: list[ArmResult]) -> dict[str, bool]:
+def _checks(results: list[ArmResult]) -> dict[str, dict[str, Any]]:
+    """Per arm: final held-out loss relative to the baseline's, and whether it is within the tolerance."""
     arms = {r.name: r for r in results if r.status == "ok" and r.final_val_loss is not None}
-    out: dict[str, bool] = {}
+    out: dict[str, dict[str, Any]] = {}
     base = arms.get("baseline")
     if base is None:
         return out
     for name, r in arms.items():
         if name != "baseline":
             rel = (r.final_val_loss - base.final_val_loss) / base.final_val_loss
-            out[f"{name} validation loss within {VAL_LOSS_TOLERANCE:.0%} of baseline ({rel:+.2%})"] = \
-                abs(rel) <= VAL_LOSS_TOLERANCE
+            out[name] = {"val_loss_rel_diff": rel, "tolerance": VAL_LOSS_TOLERANCE,
+                         "within_tolerance": abs(rel) <= VAL_LOSS_TOLERANCE}
     return out
 
 
