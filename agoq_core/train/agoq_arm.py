@@ -62,13 +62,23 @@ def quangrad_config(name: str, cfg: TrainConfig, group: Any = None, *, clip: boo
                              group=group)
 
 
+def check_recipe(name: str, cfg: TrainConfig) -> Recipe:
+    """The recipe of arm ``name``, or ArmUnavailable if it cannot mean anything with this config."""
+    recipe = RECIPES[name]
+    if recipe.quangrad and recipe.quangrad.get("collective") == "naive_fp8" and cfg.dp < 2:
+        # QuanGrad reduces nothing in a one-process group, so this arm would be the agoq arm again.
+        raise ArmUnavailable("the naive FP8 all-reduce differs from QuanGrad's only when gradients are summed "
+                             "across data-parallel ranks; run it with --nproc 2 or more (and --pp 1)")
+    if cfg.pp > 1 and (recipe.laaq is None or recipe.quangrad is None):
+        raise ArmUnavailable(f"the {name} arm is not set up for --pp (it runs without pipelining)")
+    return recipe
+
+
 def make_agoq_arm(name: str, model, rt: Runtime, cfg: TrainConfig, *, laaq_config: Any = None,
                   group: Any = None, laaq_target: Any = None, clip_in_quangrad: bool = True) -> Arm:
     """Arm ``name`` on ``model``: LAAQ applied to ``laaq_target`` (default ``model``; a pipeline stage
     passes the whole HF model so the final norm and LM head convert too), QuanGrad around ``model``."""
-    recipe = RECIPES[name]
-    if cfg.pp > 1 and (recipe.laaq is None or recipe.quangrad is None):
-        raise ArmUnavailable(f"the {name} arm is not set up for --pp (it runs without pipelining)")
+    recipe = check_recipe(name, cfg)
     policy = laaq_config if laaq_config is not None else laaq_policy(name)
     report = None
     if policy is not None:

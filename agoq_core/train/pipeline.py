@@ -220,7 +220,9 @@ def make_pipeline_arm(name: str, model: torch.nn.Module, rt: Runtime, cfg: Train
     singles = [dist.new_group([r]) for r in range(rt.world)]
     arm = PipelineArm(name=name, model=model, rt=rt, cfg=cfg)
     if name != "baseline":
-        from agoq_core.train.agoq_arm import laaq_policy, make_agoq_arm
+        from agoq_core.train.agoq_arm import check_recipe, laaq_policy, make_agoq_arm
+
+        check_recipe(name, cfg)
 
         policy = laaq_policy(name)
         if name in _PLANNED:

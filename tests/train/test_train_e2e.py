@@ -124,11 +124,17 @@ def test_existing_named_run_folder_is_not_overwritten(tmp_path, capsys):
 def test_nproc2_gloo_matches_one_process(tmp_path):
     """--nproc 2 spawns 2 gloo ranks; each takes half of the global batch, so the baseline follows the
     1-process run on the same 4 windows per step, and both arms finish on both ranks."""
-    one = _run(tmp_path, "one", "--micro-batch", "4", "--no-agoq", "--no-plot")
-    two = _run(tmp_path, "two", "--micro-batch", "2", "--nproc", "2")
+    one = _run(tmp_path, "one", "--micro-batch", "4", "--no-agoq", "--no-plot", "--ablation", "naive-fp8-allreduce")
+    two = _run(tmp_path, "two", "--micro-batch", "2", "--nproc", "2", "--ablation", "naive-fp8-allreduce")
     assert two["environment"]["world"] == 2 and two["environment"]["dist_backend"] == "gloo"
     assert two["tokens_per_step"] == one["tokens_per_step"]
-    assert [a["status"] for a in two["arms"]] == ["ok", "ok"]
+    assert [a["status"] for a in two["arms"]] == ["ok", "ok", "ok"]
+    # one process: nothing is reduced, so the naive all-reduce arm would be the agoq arm; it says so
+    assert one["arms"][1]["status"] == "unavailable" and "--nproc 2 or more" in one["arms"][1]["reason"]
+    # two processes: the naive FP8 sum (one shared scale, FP8 partial sums) changes the trajectory
+    la = [r["loss"] for r in _steps(tmp_path / "two", "agoq")]
+    ln = [r["loss"] for r in _steps(tmp_path / "two", "naive-fp8-allreduce")]
+    assert la[0] == ln[0] and la[-1] != ln[-1]
     l1 = [r["loss"] for r in _steps(tmp_path / "one", "baseline")]
     l2 = [r["loss"] for r in _steps(tmp_path / "two", "baseline")]
     assert l2 == pytest.approx(l1, rel=1e-5)
