@@ -44,7 +44,7 @@ def parse(argv=None):
     ap.add_argument("--ladder", default=None,
                     help="max-seq ladder (default 24K,32K,40K,48K,56K,64K,72K,80K,96K,112K,128K; tiny 512,1024,2048)")
     ap.add_argument("--methods", default="plain,ckpt,laaq,laaq-hf")
-    ap.add_argument("--ladder-methods", default="laaq,plain,ckpt", help="order = priority for the time budget")
+    ap.add_argument("--ladder-methods", default="laaq,ckpt,plain", help="order = priority for the time budget")
     ap.add_argument("--steps", type=int, default=2, help="timed steps per point (after one warm-up)")
     ap.add_argument("--budget-s", type=float, default=400.0,
                     help="start no step predicted to end after this many seconds (default 400: < 8 min in all)")
@@ -54,6 +54,13 @@ def parse(argv=None):
     ap.add_argument("--json", default=None, help="output JSON path (default $OUT/bench_laaq.json)")
     ap.add_argument("--fake-oom-above", type=int, default=None,
                     help="testing: raise a simulated OOM for sequences longer than this")
+    ap.add_argument("--ladder-only", default=None, help=argparse.SUPPRESS)  # internal: one method's ladder
+    ap.add_argument("--fits-at", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--time-model", default="0,0", help=argparse.SUPPRESS)  # a,b of t = a*s + b*s^2
+    ap.add_argument("--deadline-epoch", type=float, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--in-process-ladder", action="store_true",
+                    help="run the ladders in this process (default: one fresh process per method, so that "
+                         "memory an OOM leaves behind cannot shrink the next method's ladder)")
     ap.add_argument("--no-expandable-segments", action="store_true",
                     help="do not set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
     return ap.parse_args(argv)
@@ -234,7 +241,7 @@ def run_point(model, method, seq, args, mem, state, timed=True):
             res["step_s"] = dt
             res["tokens_per_s"] = seq / dt
     except torch.OutOfMemoryError as exc:  # noqa: PERF203
-        oom = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+        oom = f"{type(exc).__name__}: {' '.join(str(exc).split())[:700]}"
     except Exception as exc:  # a failing point must not lose the rest of the one GPU run
         import traceback
 
@@ -246,6 +253,8 @@ def run_point(model, method, seq, args, mem, state, timed=True):
         res["error"] = oom
         res["peak_bytes"] = mem.peak()
     mem.free()
+    if res.get("oom") or res.get("failed"):  # what an aborted step left allocated (should be weights+grads)
+        res["allocated_after_cleanup"] = mem.allocated()
     return res
 
 
@@ -274,12 +283,13 @@ def main(args=ARGS):
     if args.tiny:
         GIB = 1 << 20
     t_start = time.perf_counter()
-    deadline = t_start + args.budget_s
+    deadline = time.time() + args.budget_s
     args.seqs = [int(s) for s in (args.seqs or ("32,64" if args.tiny else "4096,16384")).split(",")]
     default_ladder = "128,256,512" if args.tiny else "24576,32768,40960,49152,57344,65536,73728,81920,98304,114688,131072"
     args.ladder = [int(s) for s in (args.ladder or default_ladder).split(",")]
     device = torch.device(args.device or ("cpu" if args.tiny or not torch.accelerator.is_available()
                                           else torch.accelerator.current_accelerator().type))
+    args.device_str = str(device)
     mem = Mem(device)
     import transformers
 
@@ -313,7 +323,7 @@ def main(args=ARGS):
     # 1) fixed sequence lengths: memory parts + throughput
     for seq in args.seqs:
         for method in args.methods.split(","):
-            if time.perf_counter() > deadline:
+            if time.time() > deadline:
                 runs.append({"method": method, "seq": seq, "skipped": "time budget"})
                 continue
             r = run_point(model, method, seq, args, mem, state)
@@ -322,51 +332,28 @@ def main(args=ARGS):
             print(f"  {method:8s} {seq:>7d} tokens: peak {_g(r.get('peak_bytes'))} GiB, "
                   f"{r.get('tokens_per_s', 0):.0f} tok/s{'  OOM' if r['oom'] else ''}", flush=True)
     # 2) longest sequence that fits
-    def fit_time(method):
-        pts = [(r["seq"], r["step_s"]) for r in runs if r.get("method") == method and r.get("step_s")]
-        if len(pts) < 2:
-            return lambda s: pts[0][1] * s / pts[0][0] if pts else 0.0
-        (s1, t1), (s2, t2) = pts[0], pts[-1]
-        b = max(0.0, (t2 / s2 - t1 / s1) / (s2 - s1))  # t = a s + b s^2
-        a = max(0.0, t1 / s1 - b * s1)
-        return lambda s: a * s + b * s * s
-
     max_seq = {}
-    for method in args.ladder_methods.split(","):
-        fits_at = max((r["seq"] for r in runs if r.get("method") == method and r.get("oom") is False
-                       and not r.get("failed")), default=None)
-        failed = min((r["seq"] for r in runs if r.get("method") == method and r.get("oom")), default=None)
-        predict = fit_time(method)
-        stop = "ladder exhausted"
-        for seq in args.ladder:
-            if failed is not None and seq >= failed:
-                stop = f"OOM at {failed}"
-                break
-            if fits_at is not None and seq <= fits_at:
-                continue
-            # a fitting rung costs its first step (warm path) plus the method switch: ~1.3x a timed step
-            need = 1.3 * predict(seq) + 5
-            if time.perf_counter() + need > deadline:
-                stop = f"time budget (next rung {seq} predicted {need:.0f} s)"
-                break
-            r = run_point(model, method, seq, args, mem, state, timed=False)
-            r["parts"] = parts(r, weights, grads)
-            r["ladder"] = True
-            runs.append(r)
-            if r.get("failed"):
-                stop = f"failed at {seq}: {r['failed'][:80]}"
-                break
-            print(f"  ladder {method:8s} {seq:>7d}: {'OOM' if r['oom'] else 'fits'} (peak {_g(r.get('peak_bytes'))} GiB,"
-                  f" {r.get('first_step_s', 0):.1f} s)", flush=True)
-            if r["oom"]:
-                failed = seq
-                stop = f"OOM at {seq}"
-                break
-            fits_at = seq
-        max_seq[method] = {"max_fit": fits_at, "first_oom": failed, "stopped": stop}
-    set_method(model, "plain", state, args)
+    ladder_methods = [m for m in args.ladder_methods.split(",") if m]
+    laaq_report = None
+    if args.in_process_ladder:
+        for method in ladder_methods:
+            a, b = time_model(runs, method)
+            fits_at, failed = fixed_bounds(runs, method)
+            new, max_seq[method] = ladder(model, method, args, mem, state, weights, grads, fits_at, failed,
+                                          lambda s, a=a, b=b: a * s + b * s * s, deadline)
+            runs += new
+        set_method(model, "plain", state, args)
+    laaq_report = laaq_report or state.get("laaq_report")
+    if not args.in_process_ladder:
+        set_method(model, "plain", state, args)
+        del model  # the ladder processes need the whole device
+        state.clear()
+        mem.free()
+        for method in ladder_methods:
+            new, max_seq[method] = ladder_subprocess(method, args, runs, deadline)
+            runs += new
     meta["elapsed_s"] = time.perf_counter() - t_start
-    report = {"meta": meta, "laaq_report": state.get("laaq_report"), "runs": runs, "max_seq": max_seq,
+    report = {"meta": meta, "laaq_report": laaq_report, "runs": runs, "max_seq": max_seq,
               "goals": goals(runs, max_seq, args)}
     print_table(report, args)
     path = args.json or (os.path.join(os.environ["OUT"], "bench_laaq.json") if os.environ.get("OUT") else None)
@@ -375,6 +362,111 @@ def main(args=ARGS):
         Path(path).write_text(json.dumps(report, indent=2, default=str))
         print(f"# wrote {path}")
     return report
+
+
+def time_model(runs, method):
+    """(a, b) of t = a*s + b*s^2 through the method's timed fixed-length points."""
+    pts = [(r["seq"], r["step_s"]) for r in runs if r.get("method") == method and r.get("step_s")]
+    if not pts:
+        return 0.0, 0.0
+    if len(pts) < 2:
+        return pts[0][1] / pts[0][0], 0.0
+    (s1, t1), (s2, t2) = pts[0], pts[-1]
+    b = max(0.0, (t2 / s2 - t1 / s1) / (s2 - s1))
+    return max(0.0, t1 / s1 - b * s1), b
+
+
+def fixed_bounds(runs, method):
+    fits_at = max((r["seq"] for r in runs if r.get("method") == method and r.get("oom") is False
+                   and not r.get("failed")), default=None)
+    failed = min((r["seq"] for r in runs if r.get("method") == method and r.get("oom")), default=None)
+    return fits_at, failed
+
+
+def ladder(model, method, args, mem, state, weights, grads, fits_at, failed, predict, deadline):
+    """Climb args.ladder from above ``fits_at`` until the first OOM, a failure or the deadline."""
+    runs, stop = [], "ladder exhausted"
+    for seq in args.ladder:
+        if failed is not None and seq >= failed:
+            stop = f"OOM at {failed}"
+            break
+        if fits_at is not None and seq <= fits_at:
+            continue
+        # a rung costs its first step (colder than a timed step) plus the method switch: ~1.3x + 5 s
+        need = 1.3 * predict(seq) + 5
+        if time.time() + need > deadline:
+            stop = f"time budget (next rung {seq} predicted {need:.0f} s)"
+            break
+        r = run_point(model, method, seq, args, mem, state, timed=False)
+        r["parts"] = parts(r, weights, grads)
+        r["ladder"] = True
+        runs.append(r)
+        if r.get("failed"):
+            stop = f"failed at {seq}: {r['failed'][:80]}"
+            break
+        print(f"  ladder {method:8s} {seq:>7d}: {'OOM' if r['oom'] else 'fits'} (peak {_g(r.get('peak_bytes'))} "
+              f"{'GiB' if GIB == 1 << 30 else 'MiB'}, {r.get('first_step_s', 0):.1f} s)", flush=True)
+        if r["oom"]:
+            failed, stop = seq, f"OOM at {seq}"
+            break
+        fits_at = seq
+    return runs, {"max_fit": fits_at, "first_oom": failed, "stopped": stop}
+
+
+def ladder_subprocess(method, args, runs, deadline):
+    """One method's ladder in a fresh process (fresh allocator, nothing left over from an OOM)."""
+    import subprocess
+    import tempfile
+
+    fits_at, failed = fixed_bounds(runs, method)
+    a, b = time_model(runs, method)
+    left = deadline - time.time()
+    if left < 30 and not args.tiny:
+        return [], {"max_fit": fits_at, "first_oom": failed, "stopped": "time budget (no time for a process)"}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "ladder.json"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--ladder-only", method, "--json", str(out),
+               "--time-model", f"{a!r},{b!r}", "--deadline-epoch", repr(deadline),
+               "--ladder", ",".join(map(str, args.ladder)), "--device", args.device_str]
+        cmd += ["--fits-at", str(fits_at)] if fits_at is not None else []
+        cmd += ["--tiny"] if args.tiny else []
+        cmd += ["--layers", str(args.layers)] if args.layers else []
+        cmd += ["--backend", args.backend] if args.backend else []
+        cmd += ["--fmt", args.fmt] if args.fmt else []
+        cmd += ["--fake-oom-above", str(args.fake_oom_above)] if args.fake_oom_above is not None else []
+        try:
+            proc = subprocess.run(cmd, timeout=max(10.0, left + 30), text=True, capture_output=True)
+        except subprocess.TimeoutExpired:
+            return [], {"max_fit": fits_at, "first_oom": failed, "stopped": "ladder process timed out"}
+        sys.stdout.write(proc.stdout)
+        if proc.returncode != 0 or not out.exists():
+            tail = proc.stderr.strip().splitlines()[-1:] or ["?"]
+            return [], {"max_fit": fits_at, "first_oom": failed,
+                        "stopped": f"ladder process failed (rc {proc.returncode}): {tail[0][:160]}"}
+        got = json.loads(out.read_text())
+    if failed is not None and got["max_seq"].get("first_oom") is None:
+        got["max_seq"]["first_oom"] = failed
+    return got["runs"], got["max_seq"]
+
+
+def ladder_main(args):
+    """Entry point of a ladder process (--ladder-only METHOD)."""
+    global GIB
+    if args.tiny:
+        GIB = 1 << 20
+    args.ladder = [int(x) for x in args.ladder.split(",")]
+    args.seqs = []
+    device = torch.device(args.device)
+    mem = Mem(device)
+    model = build(args, device)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    grads = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters())
+    a, b = (float(x) for x in args.time_model.split(","))
+    runs, max_seq = ladder(model, args.ladder_only, args, mem, {}, weights, grads, args.fits_at, None,
+                           lambda s: a * s + b * s * s, args.deadline_epoch)
+    Path(args.json).write_text(json.dumps({"runs": runs, "max_seq": max_seq}, default=str))
 
 
 def goals(runs, max_seq, args):
@@ -423,4 +515,7 @@ def print_table(rep, args):
 
 
 if __name__ == "__main__":
-    main()
+    if ARGS.ladder_only:
+        ladder_main(ARGS)
+    else:
+        main()

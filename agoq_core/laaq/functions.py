@@ -267,12 +267,13 @@ class SavedInputLinear(torch.autograd.Function):
         return dx, dw, db, None, None, None, None, None
 
 
-#: Token-chunk size of SwiGLU's backward, in elements of the intermediate activation. At LLaMA-2-7B
-#: shapes (11,008 intermediate) a 64K-token backward done in one piece holds ~10 GiB of temporaries
-#: (dequantized gate/up, recomputed SwiGLU output, its graph, dgate/dup); chunks of 2**25 elements
-#: (~3K tokens) hold ~0.6 GiB and keep GEMMs of M >= 3K rows, large enough to run at full speed.
-#: Inputs smaller than one chunk take a single pass (bit-identical to unchunked).
-BACKWARD_CHUNK_ELEMS = 1 << 25
+#: Token-chunk size of SwiGLU's backward, in elements of the intermediate activation. In one piece a
+#: LLaMA-2-7B backward (11,008 intermediate) holds ~10 GiB of temporaries at 64K tokens (dequantized
+#: gate/up, recomputed SwiGLU output, its graph, dgate/dup: ~8 x tokens x 11,008 x 2 bytes). Chunks of
+#: 2**28 elements (24K tokens) hold <= 4 GiB; up to that size the backward is one pass, bit-identical
+#: to unchunked and as fast: on the H200 at 16K tokens, chunks of 2**25 (six 3K-token chunks, each
+#: weight gradient summed in fp32) cost about 10% of LAAQ's step time.
+BACKWARD_CHUNK_ELEMS = 1 << 28
 
 
 def _token_chunk(tokens: int, inter: int, kept: Sequence[Stored]) -> int:
@@ -334,11 +335,8 @@ class SwiGLUFunction(torch.autograd.Function):
         chunk = _token_chunk(tokens, inter, (ctx.g, ctx.u, ctx.x))
         need_w = need[1] or need[2]
         x2 = None
-        if need_w:
-            if ctx.src is not None:
-                x2 = ctx.src.output(_Like(ctx.view) if ctx.view is not None else None).reshape(-1, hid)
-            elif chunk == tokens:
-                x2 = fusion.dequantize_for_gemm(ctx.x, dtype, ctx.backend).reshape(-1, hid)
+        if need_w and ctx.src is not None:
+            x2 = ctx.src.output(_Like(ctx.view) if ctx.view is not None else None).reshape(-1, hid)
         acc_t = torch.promote_types(dtype, torch.float32)
         acc = {k: None for k in ("wg", "wu", "wd", "bg", "bu", "bd")}
         dx2 = torch.empty(tokens, hid, dtype=dtype, device=grad_out.device) if need[0] else None
@@ -353,16 +351,22 @@ class SwiGLUFunction(torch.autograd.Function):
             u = storage.load_rows(ctx.u, t0, t1, None, ctx.backend).detach()
             with torch.enable_grad():
                 g.requires_grad_(True)
-                u.requires_grad_(True)
-                h = ctx.act(g) * u
+                a = ctx.act(g)
+            a_d = a.detach()
+            # The SwiGLU output h = act(g) * u is only the down projection's GEMM operand: the gated
+            # weight-gradient seam forms it (or a fused prologue never materialises it).
             if need[3]:
-                add("wd", fusion.weight_grad(go, h.detach()))
+                add("wd", fusion.weight_grad_gated(go, storage.rows(ctx.u, t0, t1), a_d, dense=u,
+                                                   backend=ctx.backend))
             if ctx.biases[2] and need[6]:
                 add("bd", _bias_grad(go))
-            dg, du = torch.autograd.grad(h, (g, u), fusion.input_grad(go, w_down))
-            del h, g, u
+            dh = fusion.input_grad(go, w_down)
+            du = dh * a_d                                              # = torch's mul backward, grad * self
+            (dg,) = torch.autograd.grad(a, (g,), dh * u)               # act's own backward of grad * other
+            del a, a_d, g, u, dh
             if need_w:
-                xc = x2[t0:t1] if x2 is not None else storage.load_rows(ctx.x, t0, t1, dtype, ctx.backend)
+                # a kept x goes to the weight-gradient seam as is (prologue fusion, else decoded there)
+                xc = x2[t0:t1] if x2 is not None else storage.rows(ctx.x, t0, t1)
                 if need[1]:
                     add("wg", fusion.weight_grad(dg, xc))
                 if need[2]:

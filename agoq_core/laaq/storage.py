@@ -20,7 +20,7 @@ from agoq_core.backend import get_backend
 from agoq_core.formats.spec import FormatSpec
 from agoq_core.formats.tensor import QuantizedTensor
 
-__all__ = ["Stored", "store", "load", "load_rows", "row_alignment", "stored_nbytes", "stored_tensors", "add_listener", "remove_listener"]
+__all__ = ["Stored", "store", "record", "load", "rows", "load_rows", "row_alignment", "stored_nbytes", "stored_tensors", "add_listener", "remove_listener"]
 
 Stored = Union[QuantizedTensor, torch.Tensor]
 
@@ -82,7 +82,11 @@ def _dequantize(q: QuantizedTensor, dtype: torch.dtype, backend: str | None, lo:
 def store(x: torch.Tensor, spec: FormatSpec | None, *, role: str, layer: int | None,
           backend: str | None = None) -> Stored:
     """Keep ``x`` for backward: a QuantizedTensor in ``spec``, or ``x`` itself (detached) if None."""
-    s: Stored = x.detach() if spec is None else _quantize(x, spec, backend)
+    return record(x.detach() if spec is None else _quantize(x, spec, backend), role=role, layer=layer)
+
+
+def record(s: Stored, *, role: str, layer: int | None) -> Stored:
+    """Announce a kept tensor made elsewhere (e.g. by a fused GEMM epilogue) to the memory meters."""
     for fn in _listeners:
         fn(role, layer, s)
     return s
@@ -100,6 +104,21 @@ def row_alignment(s: Stored, row: int) -> int:
     if not isinstance(s, QuantizedTensor):
         return 1
     return s.spec.block // math.gcd(row, s.spec.block)
+
+
+def rows(s: Stored, r0: int, r1: int) -> Stored:
+    """Rows [r0, r1) of ``s`` seen as [-1, last dim], without decoding: a QuantizedTensor over the
+    same codes and scales (``r0`` a multiple of :func:`row_alignment`), or a 2-D view."""
+    row = s.shape[-1]
+    if not isinstance(s, QuantizedTensor):
+        return s.reshape(-1, row)[r0:r1]
+    spec = s.spec
+    if (r0 * row) % spec.block:
+        raise ValueError(f"rows: row {r0} of {row} elements does not start on a {spec.block}-element block; "
+                         f"use multiples of row_alignment() = {row_alignment(s, row)}")
+    lo, hi = r0 * row, r1 * row
+    return QuantizedTensor(s.codes[spec.code_bytes(lo):spec.code_bytes(hi)],
+                           s.scales[lo // spec.block:-(-hi // spec.block)], (r1 - r0, row), s.dtype, spec)
 
 
 def load_rows(s: Stored, r0: int, r1: int, dtype: torch.dtype | None = None,
