@@ -17,7 +17,7 @@ longest sequence that fits (ladder, stopped at the first OOM or when the time bu
 exceeded; each rung's time is predicted from the 4K/16K step times). Everything finishes within
 --budget-s (default 400 s). Prints a table and writes JSON to $OUT/bench_laaq.json (or --json).
 
-  python benchmarks/bench_laaq.py            # on the H200 (about 6-7 minutes)
+  python benchmarks/bench_laaq.py            # on the H200 (at most ~7 minutes: no rung starts past --budget-s)
   python benchmarks/bench_laaq.py --tiny     # CPU smoke test of the same logic (seconds)
 """
 from __future__ import annotations
