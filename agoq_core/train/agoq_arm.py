@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from agoq_core.train.arms import Arm, ArmUnavailable, _adamw
+from agoq_core.train.arms import Arm, ArmUnavailable, make_optimizer
 from agoq_core.train.config import TrainConfig
 from agoq_core.train.runtime import Runtime
 
@@ -85,9 +85,9 @@ def make_agoq_arm(name: str, model, rt: Runtime, cfg: TrainConfig, *, laaq_confi
         laaq = _import("agoq_core.laaq", "LAAQ (activation quantization)")
         report = laaq.apply(laaq_target if laaq_target is not None else model, policy)
     if recipe.quangrad is None:  # gradients as in the baseline (.grad, DDP, fp32 masters for bf16)
-        from agoq_core.train.arms import _baseline
+        from agoq_core.train.arms import make_baseline_arm
 
-        arm = _baseline(model, rt, cfg)
+        arm = make_baseline_arm(model, rt, cfg)
         arm.name, arm.laaq_report = name, report
         arm.notes.insert(0, str(report))
         return arm
@@ -96,7 +96,7 @@ def make_agoq_arm(name: str, model, rt: Runtime, cfg: TrainConfig, *, laaq_confi
     arm = Arm(name=name, model=model, rt=rt, cfg=cfg)
     arm.laaq_report = report
     try:
-        wrapper = qg_mod.QuanGradDDP(model, lambda ps: _adamw(ps, cfg, cfg.agoq_optimizer), config=qcfg)
+        wrapper = qg_mod.QuanGradDDP(model, lambda ps: make_optimizer(ps, cfg, cfg.agoq_optimizer), config=qcfg)
     except BaseException:
         if report is not None:
             report.undo()

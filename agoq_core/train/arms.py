@@ -29,7 +29,8 @@ from agoq_core.train.config import ABLATIONS, TrainConfig
 from agoq_core.train.memory import grad_bytes, optimizer_state_bytes
 from agoq_core.train.runtime import Runtime
 
-__all__ = ["Arm", "ArmUnavailable", "make_arm", "describe_arm"]
+__all__ = ["Arm", "ArmUnavailable", "MasterWeights", "make_arm", "make_baseline_arm", "make_optimizer",
+           "describe_arm"]
 
 
 class ArmUnavailable(RuntimeError):
@@ -159,7 +160,7 @@ class MasterWeights:
         return sum(m.numel() * m.element_size() for m in self.fp32)
 
 
-def _adamw(params, cfg: TrainConfig, kind: str):
+def make_optimizer(params, cfg: TrainConfig, kind: str):
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]  # norms' weights, as LLaMA recipes do
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
@@ -172,7 +173,7 @@ def _adamw(params, cfg: TrainConfig, kind: str):
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
 
 
-def _baseline(model: torch.nn.Module, rt: Runtime, cfg: TrainConfig) -> Arm:
+def make_baseline_arm(model: torch.nn.Module, rt: Runtime, cfg: TrainConfig) -> Arm:
     arm = Arm(name="baseline", model=model, rt=rt, cfg=cfg)
     if rt.world > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -187,7 +188,7 @@ def _baseline(model: torch.nn.Module, rt: Runtime, cfg: TrainConfig) -> Arm:
         arm.masters = MasterWeights(params)
         params = arm.masters.fp32
         arm.notes.append("bf16 weights, fp32 master weights stepped by the optimizer")
-    arm.optimizer = _adamw(params, cfg, cfg.optimizer)
+    arm.optimizer = make_optimizer(params, cfg, cfg.optimizer)
     return arm
 
 
@@ -198,7 +199,7 @@ def make_arm(name: str, model: torch.nn.Module, rt: Runtime, cfg: TrainConfig) -
 
         return make_pipeline_arm(name, model, rt, cfg)
     if name == "baseline":
-        return _baseline(model, rt, cfg)
+        return make_baseline_arm(model, rt, cfg)
     from agoq_core.train.agoq_arm import make_agoq_arm
 
     return make_agoq_arm(name, model, rt, cfg)

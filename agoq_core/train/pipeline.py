@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from agoq_core.train.arms import Arm, ArmUnavailable, MasterWeights, _adamw
+from agoq_core.train.arms import Arm, MasterWeights, make_optimizer
 from agoq_core.train.config import TrainConfig
 from agoq_core.train.runtime import Runtime
 
@@ -241,7 +241,7 @@ def make_pipeline_arm(name: str, model: torch.nn.Module, rt: Runtime, cfg: Train
         if any(p.dtype != torch.float32 for p in params):
             arm.masters = MasterWeights(params)
             params = arm.masters.fp32
-        arm.optimizer = _adamw(params, cfg, cfg.optimizer)
+        arm.optimizer = make_optimizer(params, cfg, cfg.optimizer)
     else:
         inner = make_agoq_arm(name, arm.container, rt, cfg, laaq_config=policy, group=singles[rt.rank],
                               laaq_target=model, clip_in_quangrad=False)
@@ -263,10 +263,3 @@ def _scale_grads(opt: torch.optim.Optimizer, coef: float) -> None:
         for p in group["params"]:
             if p.grad is not None:
                 p.grad.mul_(coef)
-
-
-def check_pipeline_available() -> None:
-    try:
-        import torch.distributed.pipelining  # noqa: F401
-    except ImportError as exc:  # pragma: no cover - torch >= 2.4 has it
-        raise ArmUnavailable(f"--pp needs torch.distributed.pipelining ({exc})") from None

@@ -109,10 +109,10 @@ def init_runtime(cfg: TrainConfig, rank: int = 0, world: int = 1) -> Runtime:
     dtype = cfg.dtype if cfg.dtype != "auto" else ("fp32" if device.type == "cpu" else "bf16")
     if device.type != "cpu":
         torch.get_device_module(device.type).set_device(device)
-    threads = cfg.threads or max(1, (os.cpu_count() or 1) // max(1, world if not under_torchrun() else
-                                                                  int(os.environ.get("LOCAL_WORLD_SIZE", world))))
-    if cfg.threads or world > 1:
-        torch.set_num_threads(threads)
+    # Processes on this host share its cores; several processes with all-core thread pools each thrash.
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if under_torchrun() else world
+    if cfg.threads or local_world > 1:
+        torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // local_world))
     backend = None
     # QuanGrad's wrapper runs on a process group even with one process (its collectives are then
     # local), so an AGoQ arm gets a one-rank group; a baseline-only single process needs none.
