@@ -66,7 +66,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
     g = parser.add_argument_group("hardware and parallelism")
     g.add_argument("--device", default=S, help="auto (default), cpu, cuda, npu, ...")
-    g.add_argument("--dtype", default=S, help="auto (default: fp32 on CPU, bf16 on accelerators), fp32, bf16 (bf16 weights, fp32 masters)")
+    g.add_argument("--dtype", default=S,
+                   help="auto (default: fp32 on CPU, bf16 on accelerators), fp32, bf16 (bf16 weights, fp32 masters)")
     g.add_argument("--nproc", type=int, default=S,
                    help="processes (data parallel x pipeline); spawned unless under torchrun (default: 1)")
     g.add_argument("--pp", type=int, default=S, help="pipeline stages (DBCA-PP plan for the AGoQ arm) (default: 1)")

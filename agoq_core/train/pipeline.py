@@ -229,7 +229,8 @@ def make_pipeline_arm(name: str, model: torch.nn.Module, rt: Runtime, cfg: Train
             from agoq_core.planner import plan_for_pipeline
 
             plan = plan_for_pipeline(model.config, stages=cfg.pp, microbatches=cfg.num_pp_microbatches,
-                                     schedule=cfg.pp_schedule, microbatch_size=cfg.micro_batch // cfg.num_pp_microbatches,
+                                     schedule=cfg.pp_schedule,
+                                     microbatch_size=cfg.micro_batch // cfg.num_pp_microbatches,
                                      seq_len=cfg.seq_len, dtype="float32" if rt.dtype == "fp32" else "bfloat16")
             policy = plan.laaq_config_for_stage(rt.rank, base=policy)
             arm.notes.append(plan.explain())
