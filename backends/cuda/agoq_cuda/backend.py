@@ -16,7 +16,8 @@ from agoq_triton_kernels.layout import MAX_BLOCK
 
 __all__ = ["CudaBackend"]
 
-_OPS = frozenset({"quantize", "dequantize", "accumulate", "reduce_requantize"})
+_OPS = frozenset({"quantize", "dequantize", "accumulate", "reduce_requantize",
+                  "gemm_quant_epilogue", "gemm_dequant_prologue"})  # fused GEMMs: agoq_cuda.fusion
 
 
 class CudaBackend(BackendBase):
@@ -46,7 +47,9 @@ class CudaBackend(BackendBase):
 
     def capabilities(self) -> Capabilities:
         notes = ["Triton kernels shared with agoq-ascend (agoq_triton_kernels); bit-exact with the reference",
-                 "float64 inputs are rounded to float32 by torch before the kernel (as the reference does)"]
+                 "float64 inputs are rounded to float32 by torch before the kernel (as the reference does)",
+                 "fused GEMMs (LAAQ): bf16/fp16 operands, power-of-two blocks <= 256 that divide the row; other "
+                 "calls run unfused (docs/fusion.md)"]
         if self.interpreted:
             notes.insert(0, "Triton interpreter (TRITON_INTERPRET=1): CPU tensors, gloo collectives, slow")
         return Capabilities(
@@ -70,6 +73,27 @@ class CudaBackend(BackendBase):
 
     def reduce_requantize_into(self, codes, scales, spec, numel, codes_out, scales_out):
         launch.reduce_requantize(codes, scales, spec, numel, codes_out, scales_out)
+
+    # ---- fused GEMMs for LAAQ (docs/fusion.md); imported lazily: they compile only when used ----------
+    def gemm_quant_epilogue_unsupported(self, x, weight, bias, spec):
+        from agoq_cuda.fusion import launch as fused
+
+        return fused.epilogue_unsupported(x, weight, bias, spec)
+
+    def gemm_quant_epilogue_into(self, x, weight, bias, spec, out, codes, scales):
+        from agoq_cuda.fusion import launch as fused
+
+        fused.gemm_quant_epilogue_into(x, weight, bias, spec, out, codes, scales)
+
+    def gemm_dequant_prologue_unsupported(self, grad, spec, k, mul=None):
+        from agoq_cuda.fusion import launch as fused
+
+        return fused.prologue_unsupported(grad, spec, k, mul)
+
+    def gemm_dequant_prologue_into(self, grad, codes, scales, spec, k, out, mul=None):
+        from agoq_cuda.fusion import launch as fused
+
+        fused.gemm_dequant_prologue_into(grad, codes, scales, spec, k, out, mul)
 
     def __repr__(self) -> str:
         mode = "Triton interpreter, CPU tensors" if self.interpreted else "CUDA"
