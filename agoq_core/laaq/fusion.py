@@ -11,8 +11,8 @@ LAAQ's autograd functions never put a GEMM next to a codec themselves; they call
   with its ``mul`` operand.
 * :func:`dequantize_for_gemm` — a kept tensor rebuilt to feed a GEMM or a recomputation.
 
-Dispatch (docs/fusion.md): when the selected backend claims the op, fusion is on (``AGOQ_FUSION`` is
-not ``0``) and the backend's ``*_unsupported`` check returns None, the fused kernel runs; otherwise
+Dispatch (docs/fusion.md): when fusion is switched on (``AGOQ_FUSION=1``), the selected backend claims
+the op and the backend's ``*_unsupported`` check returns None, the fused kernel runs; otherwise
 the unfused composition (a torch GEMM plus the backend's codec) runs and the reason is logged once.
 A failing kernel is never caught. The unfused weight-gradient GEMM is ``(Xᵀ·dY)ᵀ`` on the flattened
 tokens, the product PyTorch's own Linear backward computes, so LAAQ with native storage reproduces
@@ -40,8 +40,13 @@ _logged: set[tuple[str, str]] = set()
 
 
 def fusion_enabled() -> bool:
-    """False when ``AGOQ_FUSION=0`` (A/B runs of fused vs unfused kernels)."""
-    return os.environ.get("AGOQ_FUSION", "1").strip() != "0"
+    """True only with ``AGOQ_FUSION=1``.
+
+    Opt-in because on the H200 (docs/benchmarks.md §4, 2026-11-29) the fused FC1 epilogue was at
+    break-even (0.93-1.03x the unfused cuBLAS + codec path) and the dequantizing-prologue dW GEMMs were
+    7-15x slower than cuBLAS + a separate dequantize: the unfused path is the faster default.
+    """
+    return os.environ.get("AGOQ_FUSION", "0").strip() == "1"
 
 
 def _fused_backend(op: str, backend: str | None, check) -> object | None:
