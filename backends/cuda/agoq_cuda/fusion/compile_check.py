@@ -22,7 +22,7 @@ __all__ = ["compile_variants", "main"]
 
 def _variants(quick: bool):
     from agoq_core.formats.spec import get_format
-    from agoq_cuda.fusion.launch import _GPU_CONFIGS
+    from agoq_cuda.fusion.launch import _GPU_CONFIGS, _GPU_PROLOGUE_CONFIGS
 
     fmts = ["int4"] if quick else ["int4", "fp4_e2m1", "nf4", "int5", "int6", "int8"]
     cfgs = _GPU_CONFIGS[:1] if quick else _GPU_CONFIGS
@@ -34,6 +34,10 @@ def _variants(quick: bool):
             out.append(("epilogue-tma", spec, c, "bf16"))
             out.append(("prologue", spec, c, "bf16"))
             out.append(("prologue+mul", spec, c, "bf16"))
+        if not quick:
+            for c in _GPU_PROLOGUE_CONFIGS[len(_GPU_CONFIGS):]:
+                out.append(("prologue", spec, c, "bf16"))
+                out.append(("prologue+mul", spec, c, "bf16"))
     if not quick:
         out.append(("epilogue", get_format("int4"), _GPU_CONFIGS[0], "fp16"))
         out.append(("prologue", get_format("int4"), _GPU_CONFIGS[0], "fp16"))
@@ -71,7 +75,7 @@ def _compile(kind, spec, cfg, dtype, arch):
                "out_ptr": p16, "M": "i32", "N": "i32", "K": "i32", "stride_gm": "i32", "stride_mm": "i32",
                "M_KEY": "i32"}
         const = dict(stride_gn=1, stride_mk=1, HAS_MUL=kind == "prologue+mul", FLOAT=flt, INTERP=False,
-                     NF4_LUT=True, **fmt,
+                     NF4_LUT=False, **fmt,
                      BLOCK_N=cfg.block_m, BLOCK_K=cfg.block_n, BLOCK_R=cfg.block_k, GROUP_M=cfg.group_m)
     # Triton's JIT marks 16-byte-aligned pointers and ints divisible by 16 (every LLaMA size) like this.
     attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in sig if not sig[k].startswith("tensordesc")}

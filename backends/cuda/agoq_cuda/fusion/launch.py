@@ -77,6 +77,13 @@ _GPU_CONFIGS = (
     TileConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4),
     TileConfig(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4),
 )
+# The prologue GEMM decodes its B tile in registers and stores it to shared memory every step, so its
+# wgmma waits for the decode (sm_90 SASS: decode, STS, barrier, HGMMA, wait). Two resident CTAs per SM let
+# one decode while the other multiplies: a 4-warp tile with a short token step (~90 KiB of shared memory,
+# <= 255 registers x 128 threads) fits twice.
+_GPU_PROLOGUE_CONFIGS = _GPU_CONFIGS + (
+    TileConfig(block_m=128, block_n=128, block_k=32, num_warps=4, num_stages=4),
+)
 
 
 # Below ~1 GFLOP per launch a GEMM takes microseconds whatever the tile, while autotuning compiles and times
@@ -192,7 +199,7 @@ def _triton_configs(kind: str):
     import triton
 
     out = []
-    for c in _GPU_CONFIGS:
+    for c in (_GPU_CONFIGS if kind == "epilogue" else _GPU_PROLOGUE_CONFIGS):
         if kind == "epilogue":
             kw = {"BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k, "GROUP_M": c.group_m}
         else:
@@ -427,7 +434,10 @@ def gemm_dequant_prologue_into(grad: torch.Tensor, codes: torch.Tensor, scales: 
     args = (_kernel_view(grad), codes.view(torch.int8), scales, _nf4_lut(grad.device), mv, _kernel_view(out),
             m, n, k, grad.stride(0), grad.stride(1), mul.stride(0) if mul is not None else 0,
             mul.stride(1) if mul is not None else 0, _pow2_at_least(m))
-    common = dict(HAS_MUL=mul is not None, FLOAT=_FLOAT[grad.dtype], INTERP=interp, NF4_LUT=True,
+    # NF4 decodes by a select tree, not the 16-entry table: inside the GEMM's K loop Triton's pipeliner
+    # turned the table gather into per-element cp.async copies (42 LDGSTS per iteration, sm_90 SASS) and
+    # the prologue ran at ~47 TFLOP/s on the H200 (docs/bench/fusion.md); the select tree touches no memory.
+    common = dict(HAS_MUL=mul is not None, FLOAT=_FLOAT[grad.dtype], INTERP=interp, NF4_LUT=False,
                   **_format_args(spec))
     cfg = config or (_INTERP_PROLOGUE if interp else _GPU_SMALL if m * n * k < _TUNE_MIN_MNK else None)
     if cfg is None:
