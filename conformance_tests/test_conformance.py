@@ -28,3 +28,19 @@ def test_golden_manifest_matches():
 
     manifest = json.loads(MANIFEST_PATH.read_text())
     assert manifest["files"]["golden_v1.pt"]["sha256"] == golden_sha256()
+
+
+# Optional capabilities: fused GEMMs (gemm_quant_epilogue / gemm_dequant_prologue). Level bit_exact+sqnr:
+# codes bit-exact with the reference codec, GEMM results within the SQNR floor of agoq_core.testing.tolerances.
+from agoq_conformance.fused_gemm import fusion_cases, run_fusion_case  # noqa: E402
+
+_FUSED = fusion_cases()
+
+
+@pytest.mark.parametrize("case", _FUSED, ids=[c.id for c in _FUSED])
+def test_fused_gemm_case(case, agoq_ctx, pytestconfig):
+    rec = run_fusion_case(case, agoq_ctx.backend, agoq_ctx.device)
+    pytestconfig._agoq_results.append(rec)
+    if rec["verdict"] == "skip":
+        pytest.skip(rec["detail"])
+    assert rec["verdict"] == "pass", rec["detail"]

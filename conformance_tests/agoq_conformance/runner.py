@@ -208,11 +208,19 @@ def run_suite(backend: str | None = None, *, device: str | None = None, select: 
     """Run every golden case (or those matching the fnmatch pattern ``select``) on ``backend``."""
     ctx = SuiteContext.create(backend, device)
     cases = [c for c in ctx.golden["cases"] if select is None or fnmatch.fnmatch(c["id"], select)]
-    if not cases:
+    from agoq_conformance.fused_gemm import fusion_cases, run_fusion_case
+
+    fused = [c for c in fusion_cases() if select is None or fnmatch.fnmatch(c.id, select)]
+    if not cases and not fused:
         raise ValueError(f"no conformance case matches {select!r}")
     results = []
+    total = len(cases) + len(fused)
     for i, case in enumerate(cases):
         results.append(ctx.run(case))
         if progress:
-            progress(i + 1, len(cases), results[-1])
+            progress(i + 1, total, results[-1])
+    for j, fcase in enumerate(fused):  # optional capabilities: skipped unless the backend claims them
+        results.append(run_fusion_case(fcase, ctx.backend, ctx.device))
+        if progress:
+            progress(len(cases) + j + 1, total, results[-1])
     return summarize(ctx, results, select=select, command=command)

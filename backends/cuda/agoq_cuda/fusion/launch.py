@@ -321,7 +321,7 @@ def _pick_kernel(key, run_ptr, run_tma, y, codes, scales, spec) -> str:
     import triton.testing
 
     from agoq_cuda import launch as codec
-    from agoq_cuda.fusion.tolerances import sqnr_db, sqnr_floor
+    from agoq_core.testing.tolerances import sqnr_db, sqnr_floor
 
     rows = min(_CHECK_ROWS, y.shape[0])
     n_bytes, n_blocks = spec.code_bytes(rows * y.shape[1]), spec.num_blocks(rows * y.shape[1])

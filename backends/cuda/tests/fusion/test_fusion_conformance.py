@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from agoq_cuda.fusion import launch
-from agoq_cuda.fusion.conformance import OPS, fusion_cases, run_fusion_conformance
+from agoq_conformance.fused_gemm import OPS, fusion_cases, run_fusion_conformance
 from fusion_helpers import fused_backend
 
 # The record keys of conformance_tests/agoq_conformance/runner.py's run_case.

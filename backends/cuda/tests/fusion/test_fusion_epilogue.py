@@ -1,7 +1,7 @@
 """gemm_quant_epilogue: y = x Wᵀ (+ b) and Q(y) in one kernel.
 
 Oracles: agoq_core.formats.reference (the unfused codec) applied to the y the kernel returned, bit for
-bit; float64 matmul of the same operands for y, within the SQNR floor (agoq_cuda.fusion.tolerances).
+bit; float64 matmul of the same operands for y, within the SQNR floor (agoq_core.testing.tolerances).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from agoq_core.formats import reference as ref
 from agoq_core.formats.spec import activation_formats, get_format
 from agoq_cuda.fusion import gemm_quant_epilogue, launch
 from agoq_cuda.fusion.launch import TileConfig
-from agoq_cuda.fusion.tolerances import sqnr_db, sqnr_floor
+from agoq_core.testing.tolerances import sqnr_db, sqnr_floor
 from fusion_helpers import assert_bits_equal, ref_linear
 
 DTYPES = [torch.bfloat16, torch.float16]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from agoq_cuda.fusion import launch
-from agoq_cuda.fusion.tolerances import sqnr_db
+from agoq_core.testing.tolerances import sqnr_db
 
 transformers = pytest.importorskip("transformers")
 

@@ -13,7 +13,7 @@ from agoq_core.formats import reference as ref
 from agoq_core.formats.spec import activation_formats
 from agoq_cuda.fusion import gemm_dequant_prologue
 from agoq_cuda.fusion.launch import TileConfig
-from agoq_cuda.fusion.tolerances import sqnr_db, sqnr_floor
+from agoq_core.testing.tolerances import sqnr_db, sqnr_floor
 from fusion_helpers import ref_weight_grad
 
 DTYPES = [torch.bfloat16, torch.float16]

@@ -9,7 +9,7 @@ What a case checks (level ``bit_exact+sqnr``):
 * ``gemm_quant_epilogue``: the codes and scales the backend wrote are bit-exact (NaN scales compared as
   "is NaN") with the reference codec (agoq_core.formats.reference) applied to the 16-bit output the same
   call returned; the output is within the SQNR floor of the float64 product of the same operands
-  (agoq_cuda.fusion.tolerances) and is NaN exactly where that product is NaN.
+  (agoq_core.testing.tolerances) and is NaN exactly where that product is NaN.
 * ``gemm_dequant_prologue``: X is quantized by the reference codec; the result is within the SQNR floor of
   the float64 product ``dYᵀ · B`` with B = D(X) rounded to dY's dtype as the unfused path materialises it
   (or ``m * D(X)``, torch's 16-bit product, for the ``-mul`` cases), and NaN exactly where that product
@@ -34,7 +34,7 @@ import torch
 
 from agoq_core.formats import reference
 from agoq_core.formats.spec import FormatSpec, get_format
-from agoq_cuda.fusion.tolerances import sqnr_db, sqnr_floor
+from agoq_core.testing.tolerances import sqnr_db, sqnr_floor
 
 __all__ = ["FusionCase", "fusion_cases", "run_fusion_case", "run_fusion_conformance", "OPS"]
 

@@ -1,0 +1,1 @@
+"""Numerics helpers shared by tests, benchmarks and the conformance suite (device-neutral)."""
