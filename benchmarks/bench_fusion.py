@@ -69,7 +69,7 @@ def main(argv=None) -> dict:
     from agoq_core.formats.spec import get_format
     from agoq_cuda.backend import CudaBackend
     from agoq_cuda.fusion import launch
-    from agoq_cuda.fusion.tolerances import sqnr_db
+    from agoq_core.testing.tolerances import sqnr_db
 
     be = CudaBackend.create()
     dev = torch.device(be.device_type)
