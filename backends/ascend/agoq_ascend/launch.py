@@ -20,12 +20,13 @@ import torch
 from agoq_core.formats.spec import FormatSpec
 from agoq_ascend.planner import DeviceProps, LaunchPlan, compile_options, plan_launch
 from agoq_triton_kernels import kernels as K
+from agoq_triton_kernels.buffers import check_codec_buffers as _check
+from agoq_triton_kernels.buffers import float_view
 from agoq_triton_kernels.codes import NF4_LEVELS_KERNEL
-from agoq_triton_kernels.layout import FLOAT_BF16, FLOAT_F16, FLOAT_F32, MAX_CHUNK_ELEMENTS, format_constexprs
+from agoq_triton_kernels.layout import MAX_CHUNK_ELEMENTS, format_constexprs
 
 __all__ = ["Launcher", "is_interpreted"]
 
-_FLOAT_KIND = {torch.float32: FLOAT_F32, torch.bfloat16: FLOAT_BF16, torch.float16: FLOAT_F16}
 _DTYPE_NAME = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
@@ -53,27 +54,6 @@ def _segments(spec: FormatSpec, n: int):
         yield off, min(step, full - off), off // spec.block * per_block, off // spec.block, False
     if full < n:
         yield full, n - full, full // spec.block * per_block, full // spec.block, True
-
-
-def _float_view(t: torch.Tensor, what: str) -> tuple[torch.Tensor, int]:
-    if t.dtype not in _FLOAT_KIND:
-        raise TypeError(f"{what}: agoq-ascend kernels take float32, bfloat16 or float16, got {t.dtype}")
-    kind = _FLOAT_KIND[t.dtype]
-    return (t.view(torch.int16) if kind == FLOAT_BF16 else t), kind
-
-
-def _check(spec: FormatSpec, n: int, codes: torch.Tensor, scales: torch.Tensor, device: torch.device,
-           what: str) -> None:
-    if codes.dtype != torch.uint8 or scales.dtype != torch.float32:
-        raise TypeError(f"{what}: want uint8 codes and float32 scales, got {codes.dtype} and {scales.dtype}")
-    if codes.numel() != spec.code_bytes(n) or scales.numel() != spec.num_blocks(n):
-        raise ValueError(f"{what}: {n} elements of {spec.name}/block {spec.block} need {spec.code_bytes(n)} code "
-                         f"bytes and {spec.num_blocks(n)} scales, got {codes.numel()} and {scales.numel()}")
-    for name, t in (("codes", codes), ("scales", scales)):
-        if not t.is_contiguous():
-            raise ValueError(f"{what}: {name} must be contiguous")
-        if t.device != device:
-            raise ValueError(f"{what}: {name} is on {t.device} but the data is on {device}")
 
 
 class Launcher:
@@ -109,7 +89,7 @@ class Launcher:
         """x flat [N] (fp32/bf16/fp16) -> codes uint8[code_bytes(N)], scales fp32[NB]."""
         n = x.numel()
         _check(spec, n, codes, scales, x.device, "quantize")
-        xv, xk = _float_view(x.reshape(-1), "quantize")
+        xv, xk = float_view(x.reshape(-1), "quantize", "agoq-ascend")
         cv = codes.view(torch.int8)
         self.last_plans = []
         for off, m, boff, soff, ragged in _segments(spec, n):
@@ -123,7 +103,7 @@ class Launcher:
         """codes + scales -> out flat [N] (fp32, bf16 or fp16)."""
         n = out.numel()
         _check(spec, n, codes, scales, out.device, "dequantize")
-        ov, ok = _float_view(out.reshape(-1), "dequantize")
+        ov, ok = float_view(out.reshape(-1), "dequantize", "agoq-ascend")
         cv = codes.view(torch.int8)
         lut = _nf4_lut(out.device)
         self.last_plans = []
@@ -138,7 +118,7 @@ class Launcher:
         """In place: (codes, scales) <- Q(D(codes, scales) + g), g flat [N] (fp32, bf16, fp16)."""
         n = g.numel()
         _check(spec, n, codes, scales, g.device, "accumulate_")
-        gv, gk = _float_view(g.reshape(-1), "accumulate_")
+        gv, gk = float_view(g.reshape(-1), "accumulate_", "agoq-ascend")
         cv = codes.view(torch.int8)
         lut = _nf4_lut(g.device)
         self.last_plans = []

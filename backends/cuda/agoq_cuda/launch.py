@@ -16,14 +16,15 @@ import torch
 
 from agoq_core.formats.spec import FormatSpec
 from agoq_triton_kernels import kernels as K
+from agoq_triton_kernels.buffers import check_codec_buffers as _check
+from agoq_triton_kernels.buffers import float_view
 from agoq_triton_kernels.codes import NF4_LEVELS_KERNEL
 from agoq_triton_kernels.layout import (
-    FLOAT_BF16, FLOAT_F16, FLOAT_F32, MAX_BLOCK, MAX_CHUNK_ELEMENTS, encode_lut, format_constexprs,
+    MAX_BLOCK, MAX_CHUNK_ELEMENTS, encode_lut, format_constexprs,
 )
 
 __all__ = ["Geometry", "geometry", "quantize", "dequantize", "accumulate", "reduce_requantize", "is_interpreted"]
 
-_FLOAT_KIND = {torch.float32: FLOAT_F32, torch.bfloat16: FLOAT_BF16, torch.float16: FLOAT_F16}
 
 
 def is_interpreted() -> bool:
@@ -116,27 +117,6 @@ def _segments(spec: FormatSpec, n: int):
         yield full, n - full, full // spec.block * (spec.block * spec.bits // 8), full // spec.block, True
 
 
-def _float_view(t: torch.Tensor, what: str) -> tuple[torch.Tensor, int]:
-    if t.dtype not in _FLOAT_KIND:
-        raise TypeError(f"{what}: agoq-cuda kernels take float32, bfloat16 or float16, got {t.dtype}")
-    kind = _FLOAT_KIND[t.dtype]
-    return (t.view(torch.int16) if kind == FLOAT_BF16 else t), kind
-
-
-def _check(spec: FormatSpec, n: int, codes: torch.Tensor, scales: torch.Tensor, device: torch.device,
-           what: str) -> None:
-    if codes.dtype != torch.uint8 or scales.dtype != torch.float32:
-        raise TypeError(f"{what}: want uint8 codes and float32 scales, got {codes.dtype} and {scales.dtype}")
-    if codes.numel() != spec.code_bytes(n) or scales.numel() != spec.num_blocks(n):
-        raise ValueError(f"{what}: {n} elements of {spec.name}/block {spec.block} need {spec.code_bytes(n)} code "
-                         f"bytes and {spec.num_blocks(n)} scales, got {codes.numel()} and {scales.numel()}")
-    for name, t in (("codes", codes), ("scales", scales)):
-        if not t.is_contiguous():
-            raise ValueError(f"{what}: {name} must be contiguous")
-        if t.device != device:
-            raise ValueError(f"{what}: {name} is on {t.device} but the data is on {device}")
-
-
 def _launch(kernel, geo: Geometry, args: tuple, **constexprs) -> None:
     # enable_fp_fusion=False: decode(c) * s + g must round twice like the reference, never as one FMA.
     kernel[(geo.programs,)](*args, **constexprs, num_warps=geo.num_warps, enable_fp_fusion=False)
@@ -150,7 +130,7 @@ def quantize(x: torch.Tensor, spec: FormatSpec, codes: torch.Tensor, scales: tor
     _check(spec, n, codes, scales, x.device, "quantize")
     if x.dtype == torch.float64:
         x = x.to(torch.float32)
-    xv, xk = _float_view(x.reshape(-1), "quantize")
+    xv, xk = float_view(x.reshape(-1), "quantize", "agoq-cuda")
     c = _consts(spec)
     cv = codes.view(torch.int8)
     elut = _encode_lut(spec.kind, x.device)
@@ -169,7 +149,7 @@ def dequantize(codes: torch.Tensor, scales: torch.Tensor, spec: FormatSpec, out:
     """codes + scales -> out flat [N] (fp32, bf16 or fp16)."""
     n = out.numel()
     _check(spec, n, codes, scales, out.device, "dequantize")
-    ov, ok = _float_view(out.reshape(-1), "dequantize")
+    ov, ok = float_view(out.reshape(-1), "dequantize", "agoq-cuda")
     c = _consts(spec)
     cv = codes.view(torch.int8)
     lut = _nf4_lut(out.device)
@@ -189,7 +169,7 @@ def accumulate(codes: torch.Tensor, scales: torch.Tensor, spec: FormatSpec, g: t
     _check(spec, n, codes, scales, g.device, "accumulate_")
     if g.dtype == torch.float64:
         g = g.to(torch.float32)
-    gv, gk = _float_view(g.reshape(-1), "accumulate_")
+    gv, gk = float_view(g.reshape(-1), "accumulate_", "agoq-cuda")
     c = _consts(spec)
     cv = codes.view(torch.int8)
     lut = _nf4_lut(g.device)

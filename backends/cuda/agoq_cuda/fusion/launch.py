@@ -14,6 +14,7 @@ import torch
 
 from agoq_core.formats.spec import FormatSpec
 from agoq_cuda.fusion import kernels as K
+from agoq_triton_kernels.buffers import check_codec_buffers
 from agoq_triton_kernels.codes import NF4_LEVELS_KERNEL
 from agoq_triton_kernels.layout import KIND_IDS
 
@@ -179,19 +180,6 @@ def prologue_unsupported(grad: torch.Tensor, spec: FormatSpec, k: int, mul: torc
         return (f"M={m}, N={grad.shape[-1]}, K={k} need offsets beyond int32 (M*K, M*N and N*K must stay "
                 f"below 2**31)")
     return _block_reason(spec, k, "K (input features)")
-
-
-def _check_codes(spec: FormatSpec, n: int, codes: torch.Tensor, scales: torch.Tensor, device, what: str) -> None:
-    if codes.dtype != torch.uint8 or scales.dtype != torch.float32:
-        raise TypeError(f"{what}: want uint8 codes and float32 scales, got {codes.dtype} and {scales.dtype}")
-    if codes.numel() != spec.code_bytes(n) or scales.numel() != spec.num_blocks(n):
-        raise ValueError(f"{what}: {n} elements of {spec.name}/block {spec.block} need {spec.code_bytes(n)} code "
-                         f"bytes and {spec.num_blocks(n)} scales, got {codes.numel()} and {scales.numel()}")
-    for name, t in (("codes", codes), ("scales", scales)):
-        if not t.is_contiguous():
-            raise ValueError(f"{what}: {name} must be contiguous")
-        if t.device != device:
-            raise ValueError(f"{what}: {name} is on {t.device} but the operands are on {device}")
 
 
 # ---- autotuned wrappers (GPU only: the interpreter has no benchmarker for multi-config autotune) ------------
@@ -364,7 +352,7 @@ def gemm_quant_epilogue_into(x: torch.Tensor, weight: torch.Tensor, bias: torch.
     if out.shape != (m, n) or out.dtype != x.dtype or not out.is_contiguous() or out.device != x.device:
         raise ValueError(f"gemm_quant_epilogue_into: out must be a contiguous {x.dtype} tensor of shape ({m}, {n}) "
                          f"on {x.device}, got {out.dtype} {tuple(out.shape)} on {out.device}")
-    _check_codes(spec, m * n, codes, scales, x.device, "gemm_quant_epilogue_into")
+    check_codec_buffers(spec, m * n, codes, scales, x.device, "gemm_quant_epilogue_into", data="the operands")
     want = _kernel_request(kernel)
     if want == "tma" and not _tma_eligible(x, weight):
         raise ValueError("gemm_quant_epilogue_into: kernel='tma' needs x and weight with unit inner stride, 16-byte "
@@ -425,7 +413,7 @@ def gemm_dequant_prologue_into(grad: torch.Tensor, codes: torch.Tensor, scales: 
     if out.shape != (n, k) or out.dtype != grad.dtype or not out.is_contiguous() or out.device != grad.device:
         raise ValueError(f"gemm_dequant_prologue_into: out must be a contiguous {grad.dtype} tensor of shape "
                          f"({n}, {k}) on {grad.device}, got {out.dtype} {tuple(out.shape)} on {out.device}")
-    _check_codes(spec, m * k, codes, scales, grad.device, "gemm_dequant_prologue_into")
+    check_codec_buffers(spec, m * k, codes, scales, grad.device, "gemm_dequant_prologue_into", data="the operands")
     if m == 0:
         out.zero_()  # an empty sum
         return
