@@ -7,16 +7,10 @@ import json
 import torch
 
 
-def sqnr_db(x: torch.Tensor, x_hat: torch.Tensor) -> float:
-    """Signal-to-quantization-noise ratio in dB (fp64 accumulation)."""
-    x, x_hat = x.double(), x_hat.double()
-    noise = (x - x_hat).pow(2).sum()
-    return float("inf") if noise == 0 else float(10 * torch.log10(x.pow(2).sum() / noise))
-
-
 def measure(numel: int = 1 << 20, seed: int = 0, backend: str | None = None) -> list[dict]:
     import agoq_core
     from agoq_core.backend import get_backend
+    from agoq_core.testing.tolerances import sqnr_db
 
     be = get_backend(backend)
     dev = next((t for t in sorted(be.capabilities().device_types) if t != "*"), "cpu")
@@ -34,7 +28,7 @@ def measure(numel: int = 1 << 20, seed: int = 0, backend: str | None = None) -> 
         for name, x in (("gauss", gauss), ("heavy_tailed", heavy)):
             xd = x.to(dev)
             q = agoq_core.quantize(xd, spec, backend=be)
-            row[f"sqnr_{name}_db"] = round(sqnr_db(x, agoq_core.dequantize(q, backend=be).cpu()), 2)
+            row[f"sqnr_{name}_db"] = round(sqnr_db(agoq_core.dequantize(q, backend=be).cpu(), x), 2)
         rows.append(row)
     return rows
 
