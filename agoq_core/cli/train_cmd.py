@@ -43,7 +43,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seq-len", type=int, default=S, help="tokens per sequence (default: 128)")
     g.add_argument("--micro-batch", type=int, default=S, help="sequences per micro-batch per rank (default: 8)")
     g.add_argument("--grad-accum", type=int, default=S, help="micro-batches per optimizer step (default: 1)")
-    g.add_argument("--steps", type=int, default=S, help="optimizer steps per arm (default: 150)")
+    g.add_argument("--steps", type=int, default=S, help="optimizer steps per arm (default: 300)")
     g.add_argument("--seed", type=int, default=S, help="init and data-order seed, shared by all arms (default: 0)")
     g.add_argument("--eval-every", type=int, default=S, help="evaluate every N steps, 0 = only at the end (50)")
     g.add_argument("--eval-tokens", type=int, default=S, help="held-out tokens per evaluation (default: 16384)")

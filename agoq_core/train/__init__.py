@@ -3,7 +3,7 @@
 Quick start::
 
     from agoq_core.train import TrainConfig, run
-    summary = run(TrainConfig(model="tiny", steps=150))     # writes runs/<timestamp>/
+    summary = run(TrainConfig(model="tiny", steps=300))     # writes runs/<timestamp>/
     print(summary["ratios_vs_baseline"]["agoq"])
 
 Every arm trains a randomly initialised Hugging Face ``LlamaForCausalLM`` from the same seed on the
