@@ -168,7 +168,7 @@ def _summary(cfg: TrainConfig, rt: Runtime, corpus, results: list[ArmResult], pa
             "device": str(rt.device), "dtype": rt.dtype, "world": rt.world, "dist_backend": rt.dist_backend,
             "agoq_backend": backend_name, "torch": torch.__version__, "transformers": tf_version,
             "python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
-            "threads_per_process": torch.get_num_threads(),
+            "threads_per_process": torch.get_num_threads(), "threads_chosen_by": rt.threads_note,
             "date": _dt.datetime.now().isoformat(timespec="seconds"),
         },
         "data": {"train": "wikitext-2 valid.txt", "eval": "wikitext-2 test.txt", "vocab_size": corpus.vocab_size,

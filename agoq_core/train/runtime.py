@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -36,6 +37,7 @@ class Runtime:
     device: torch.device
     dtype: str                  # "fp32", or "bf16" (bf16 weights and activations, fp32 master weights)
     dist_backend: str | None    # None when no process group is needed (one process, baseline only)
+    threads_note: str = ""      # how the torch thread count was chosen (CPU runs)
 
     @property
     def is_main(self) -> bool:
@@ -87,6 +89,41 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device(dev.type, index)
 
 
+def _busy_cores(interval: float = 0.25) -> float | None:
+    """Cores kept busy by other work right now, from two /proc/stat samples (None off Linux)."""
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat", encoding="ascii") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        idle = v[3] + (v[4] if len(v) > 4 else 0)  # idle + iowait
+        return sum(v), idle
+
+    try:
+        t0, i0 = sample()
+        time.sleep(interval)
+        t1, i1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    total = t1 - t0
+    return (os.cpu_count() or 1) * (1.0 - (i1 - i0) / total) if total > 0 else None
+
+
+def auto_threads(local_world: int) -> tuple[int, str]:
+    """Torch threads per process: this host's cores split between its processes, minus the cores other
+    work keeps busy now. Why: on the 2-core CI machine a tiny-model step took 0.36 s with 1 thread but
+    1.96 s with 2 while another process kept one core busy (threads wait for each other at every op),
+    against 0.20 s with 2 threads on an idle machine."""
+    cores = os.cpu_count() or 1
+    share = max(1, cores // max(1, local_world))
+    busy = _busy_cores()
+    if busy is None:
+        return share, f"{cores} cores / {local_world} process(es)"
+    free = max(1, int(cores - busy + 0.5))
+    if free >= cores or local_world > 1:
+        return share, f"{cores} cores / {local_world} process(es), {busy:.1f} busy with other work"
+    n = max(1, min(share, free // max(1, local_world)))
+    return n, f"{busy:.1f} of {cores} cores busy with other work; --threads overrides"
+
+
 def _dist_backend_for(device: torch.device) -> str:
     if device.type == "cpu":
         return "gloo"
@@ -109,10 +146,13 @@ def init_runtime(cfg: TrainConfig, rank: int = 0, world: int = 1) -> Runtime:
     dtype = cfg.dtype if cfg.dtype != "auto" else ("fp32" if device.type == "cpu" else "bf16")
     if device.type != "cpu":
         torch.get_device_module(device.type).set_device(device)
-    # Processes on this host share its cores; several processes with all-core thread pools each thrash.
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if under_torchrun() else world
-    if cfg.threads or local_world > 1:
-        torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // local_world))
+    why = ""
+    if device.type == "cpu":
+        threads, why = (cfg.threads, "--threads") if cfg.threads else auto_threads(local_world)
+        torch.set_num_threads(threads)
+        if rank == 0:
+            log.info("agoq train: %d torch thread(s) per process (%s)", threads, why)
     backend = None
     # QuanGrad's wrapper runs on a process group even with one process (its collectives are then
     # local), so an AGoQ arm gets a one-rank group; a baseline-only single process needs none.
@@ -129,7 +169,7 @@ def init_runtime(cfg: TrainConfig, rank: int = 0, world: int = 1) -> Runtime:
                 dist.init_process_group(**kwargs, rank=rank, world_size=world,
                                         init_method=f"tcp://127.0.0.1:{port}")
     return Runtime(rank=rank, world=world, local_rank=local_rank, device=device, dtype=dtype,
-                   dist_backend=backend)
+                   dist_backend=backend, threads_note=why)
 
 
 def shutdown(rt: Runtime) -> None:

@@ -57,3 +57,4 @@ def test_format_bytes():
     assert format_bytes(512) == "512 B"
     assert format_bytes(3 * 2**20) == "3.00 MiB"
     assert format_bytes(1.5 * 2**30) == "1.50 GiB"
+
