@@ -27,6 +27,7 @@ for spec in "$@"; do
     conformance) cmd=(python3 -m agoq_core.cli.main conformance run --backend cuda --report "$OUT/cuda-h200.json") ;;
     laaq)        cmd=(python3 benchmarks/bench_laaq.py --budget-s $((secs - 40))) ;;
     quangrad)    cmd=(python3 benchmarks/bench_quangrad_gpu.py) ;;
+    laaq-fusion) cmd=(bash -c 'for f in 0 1; do echo "AGOQ_FUSION=$f"; AGOQ_FUSION=$f python3 benchmarks/bench_laaq.py --methods laaq --seqs 16384 --ladder-methods "" --steps 3 --json "$OUT/bench_laaq_fusion$f.json" | grep -E "tok/s|^laaq "; done') ;;
     fusion)      cmd=(python3 benchmarks/bench_fusion.py) ;;
     codecs)      cmd=(python3 benchmarks/bench_codecs.py --deadline-s $((secs - 30))) ;;
     *) echo "unknown stage $stage"; continue ;;
