@@ -126,9 +126,11 @@ def _worker(rank: int, world: int, cfg: TrainConfig, run_dir: str | None) -> dic
         summary = _summary(cfg, rt, corpus, results, path, time.perf_counter() - t_start)
         if rt.is_main:
             _write_outputs(cfg, summary, path)
-        return summary
-    finally:
-        shutdown(rt)
+    except BaseException:
+        shutdown(rt, barrier=False)  # other ranks may be gone (error, Ctrl-C): do not wait for them
+        raise
+    shutdown(rt)
+    return summary
 
 
 def _checks(results: list[ArmResult]) -> dict[str, dict[str, Any]]:

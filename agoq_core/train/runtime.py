@@ -172,10 +172,11 @@ def init_runtime(cfg: TrainConfig, rank: int = 0, world: int = 1) -> Runtime:
                    dist_backend=backend, threads_note=why)
 
 
-def shutdown(rt: Runtime) -> None:
+def shutdown(rt: Runtime, *, barrier: bool = True) -> None:
     if rt.dist_backend is not None:
         import torch.distributed as dist
 
         if dist.is_initialized():
-            dist.barrier()
+            if barrier and rt.world > 1:
+                dist.barrier()
             dist.destroy_process_group()
