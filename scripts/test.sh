@@ -6,6 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 VENV=${AGOQ_VENV:-.venv}
+# Test-only dependencies: the real integration packages (PEFT, Accelerate, torchao, torchtitan) and
+# Hypothesis. torch is pinned in the same command so pip keeps the CPU build.
+"$VENV/bin/python" -m pip install -q "torch==2.13.0" "hypothesis>=6.100" "peft>=0.21" "accelerate>=1.15" \
+  "torchao>=0.18" "torchtitan==0.3.0"
 PYTEST=("$VENV/bin/python" -m pytest -q -p no:cacheprovider)
 export TRITON_INTERPRET=1   # Triton kernels run on CPU tensors; must be set before any @triton.jit runs
 export PYTHONHASHSEED=0
