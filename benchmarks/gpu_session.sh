@@ -4,18 +4,7 @@
 # Stages: conformance, laaq, quangrad, fusion, codecs. Runs the repo in place via PYTHONPATH (the GPU
 # machine has torch + triton preinstalled and no network).
 set -u
-export PYTHONPATH="$PWD:$PWD/conformance_tests:$PWD/backends/triton_common:$PWD/backends/cuda:${PYTHONPATH:-}"
-export PYTHONUNBUFFERED=1
-# Register the in-tree plugins' entry points without pip: a minimal dist-info on PYTHONPATH is what
-# importlib.metadata (and so agoq's plugin discovery) reads.
-EP=$(mktemp -d)
-mk_ep() {  # dist, entry-point line
-  mkdir -p "$EP/$1-0.0.0.dist-info"
-  printf 'Metadata-Version: 2.1\nName: %s\nVersion: 0.0.0\n' "$1" > "$EP/$1-0.0.0.dist-info/METADATA"
-  printf '[agoq.backends]\n%s\n' "$2" > "$EP/$1-0.0.0.dist-info/entry_points.txt"
-}
-mk_ep agoq-cuda "cuda = agoq_cuda.plugin"
-export PYTHONPATH="$EP:$PYTHONPATH"
+source "$(dirname "$0")/gpu_env.sh"
 OUT=${OUT:-/tmp/agoq-out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
