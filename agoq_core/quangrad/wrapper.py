@@ -177,6 +177,8 @@ class QuanGradDDP(torch.nn.Module):
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(self._params)]
         self._sync = True
         self._steps = 0
+        self._attempts = 0        # step() calls, applied or skipped: what a user calls 'step N'
+        self.skipped_steps = 0    # steps not applied because the reduced gradient was not finite
         self._reset_window()
         self.report = self._build_report()
         log.info("%s", self.report)
@@ -352,13 +354,17 @@ class QuanGradDDP(torch.nn.Module):
         wire = sum(op.sent_bytes for op in self._ops)
         avg = 1.0 / self.world_size if cfg.average else 1.0
         norm = self._global_norm(avg)
+        self._attempts += 1
         if not math.isfinite(norm):
             names = tuple(self.storage.nonfinite_params()) if not cfg.sharded else tuple(self._nonfinite_shard_params())
             self.zero_grad()
             reason = f"non-finite gradient (norm {norm}) in {', '.join(names[:8]) or 'another rank'}"
             if cfg.on_nonfinite == "raise":
                 raise NonFiniteError(f"QuanGradDDP step {self._steps}: {reason}; the step was not applied")
-            log.warning("agoq QuanGrad: skipping step %d: %s", self._steps, reason)
+            self.skipped_steps += 1
+            if self.rank == 0:  # every rank skips the same step; one line per step is enough
+                log.warning("agoq QuanGrad: skipping step %d (%d skipped so far): %s", self._attempts,
+                            self.skipped_steps, reason)
             return StepReport(step=self._steps, skipped=True, reason=reason, grad_norm=norm, clip_coef=0.0,
                               nonfinite_params=names, wire_bytes=wire)
         coef = 1.0

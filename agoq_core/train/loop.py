@@ -47,6 +47,11 @@ class ArmResult:
         return self.evals[-1]["val_loss"] if self.evals else None
 
     @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps not applied because the gradient was not finite."""
+        return sum(1 for r in self.steps if r.get("skipped"))
+
+    @property
     def final_train_loss(self) -> float | None:
         tail = [r["loss"] for r in self.steps[-TRAIN_LOSS_WINDOW:]]
         return sum(tail) / len(tail) if tail else None
@@ -56,7 +61,7 @@ class ArmResult:
             "name": self.name, "description": self.description, "status": self.status, "reason": self.reason,
             "params": self.params, "final_train_loss": self.final_train_loss,
             "final_val_loss": self.final_val_loss, "tokens_per_s": self.tokens_per_s,
-            "train_seconds": self.train_seconds, "memory": dict(self.memory), "notes": list(self.notes),
+            "skipped_steps": self.skipped_steps, "train_seconds": self.train_seconds, "memory": dict(self.memory), "notes": list(self.notes),
             "evals": list(self.evals), "activation_detail": self.activation_detail,
             "memory_per_rank": self.memory_per_rank,
         }

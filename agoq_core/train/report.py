@@ -45,6 +45,8 @@ def _rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
         ("final_val_loss", "validation loss (held-out test.txt)", "loss"),
         ("tokens_per_s", "tokens/s (all ranks)", "rate"),
     ]
+    if any(a.get("skipped_steps") for a in summary["arms"] if a["status"] == "ok"):
+        rows.append(("skipped_steps", "steps skipped (non-finite gradient)", "count"))
     pp = summary["config"].get("pp", 1)
     for key, label in MEMORY_ROWS:
         if pp > 1 and key == "activations":
@@ -69,6 +71,8 @@ def _fmt(v: float | None, kind: str) -> str:
         return f"{v:.4f}"
     if kind == "rate":
         return f"{v:,.0f}"
+    if kind == "count":
+        return f"{v:d}"
     return format_bytes(v)
 
 

@@ -112,6 +112,25 @@ def test_nonfinite_is_reported_and_the_step_skipped_or_raised():
         qg2.step()
 
 
+def test_consecutive_skipped_steps_log_one_numbered_line_each(caplog):
+    # Regression (GPU convergence run): after the first skip every later skip was logged as the same
+    # step number, which read as one step printed many times.
+    torch.manual_seed(0)
+    model = TinyNet()
+    qg = QuanGradDDP(model, optimizer_factory("sgd", lr=0.1))
+    x, y = next(batches(10, 0, 1, 1))[0]
+    x = x.clone()
+    x[0, 0] = float("nan")
+    with caplog.at_level("WARNING", logger="agoq"):
+        for _ in range(3):
+            torch.nn.functional.mse_loss(qg(x), y).backward()
+            assert qg.step().skipped
+    lines = [r.getMessage() for r in caplog.records if "skipping step" in r.getMessage()]
+    assert [ln.split(":")[1].strip() for ln in lines] == [
+        "skipping step 1 (1 skipped so far)", "skipping step 2 (2 skipped so far)", "skipping step 3 (3 skipped so far)"]
+    assert qg.skipped_steps == 3
+
+
 def test_report_and_memory_accounting():
     qg = QuanGradDDP(TinyNet(), optimizer_factory("adamw", lr=1e-3))
     rep = qg.report
