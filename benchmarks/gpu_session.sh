@@ -19,6 +19,7 @@ for spec in "$@"; do
     laaq-fusion) cmd=(bash -c 'for f in 0 1; do echo "AGOQ_FUSION=$f"; AGOQ_FUSION=$f python3 benchmarks/bench_laaq.py --methods laaq --seqs 16384 --ladder-methods "" --steps 3 --json "$OUT/bench_laaq_fusion$f.json" | grep -E "tok/s|^laaq "; done') ;;
     fusion)      cmd=(python3 benchmarks/bench_fusion.py) ;;
     codecs)      cmd=(python3 benchmarks/bench_codecs.py --deadline-s $((secs - 30))) ;;
+    torchtitan)  cmd=(python3 benchmarks/bench_torchtitan.py --budget-s $((secs - 30))) ;;  # needs .whl (docs/integrations.md)
     *) echo "unknown stage $stage"; continue ;;
   esac
   start=$(date +%s)

@@ -34,7 +34,9 @@ class LayerFamily:
     up_proj: str = "up_proj"
     down_proj: str = "down_proj"
     act_fn: str = "act_fn"
-    """Relative to ``mlp``: ``mlp(x) == down(act(gate(x)) * up(x))``."""
+    """Relative to ``mlp``: ``mlp(x) == down(act(gate(x)) * up(x))``. ``act_fn="silu"`` with no such
+    attribute means the MLP calls torch.nn.functional.silu inline (torchtitan's FeedForward). A fused
+    q/k/v projection is named by giving q_proj, k_proj and v_proj the same path."""
     layer_index_attr: str = "layer_idx"
     """Attribute of ``attention`` holding the global layer index (else: order in the model)."""
     final_norm: tuple[str, ...] = ("model.norm", "norm")

@@ -128,7 +128,8 @@ def _swiglu_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     st: _State = self.__dict__[_STATE_ATTR]
     if not torch.is_grad_enabled():
         return st.orig(x)
-    gate, up, down, act = (_get(self, n) for n in st.names)
+    gate, up, down = (_get(self, n) for n in st.names[:3])
+    act = _activation(self, st.names[3])
     src, view = find_source(x)
     return SwiGLUFunction.apply(x, gate.weight, up.weight, down.weight, gate.bias, up.bias, down.bias, src, view,
                                 act, st.plan["mlp_act_input"], st.plan["linear_input"], st.layer, st.backend)
@@ -190,6 +191,16 @@ def _get(root: nn.Module, path: str) -> Any:
     return obj
 
 
+# Activations an MLP may call inline instead of holding a module (torchtitan's FeedForward calls
+# F.silu): a family row names them in ``act_fn`` when the MLP has no attribute of that name.
+_INLINE_ACTIVATIONS: dict[str, Callable] = {"silu": torch.nn.functional.silu}
+
+
+def _activation(mlp: nn.Module, name: str) -> Any:
+    act = _get(mlp, name)
+    return act if act is not None else _INLINE_ACTIVATIONS.get(name)
+
+
 def _fmt_name(spec: FormatSpec | None) -> str:
     return NATIVE if spec is None else spec.name
 
@@ -248,7 +259,7 @@ class _Converter:
             if problem:
                 self.skip(path, f"{n} {problem}")
                 return False
-        if not callable(_get(m, names[3])):
+        if not callable(_activation(m, names[3])):
             self.skip(path, f"activation {names[3]!r} not found or not callable")
             return False
         self._done(m, path, _State("swiglu", m.forward, layer, plan, self.config.backend, names=names),
@@ -315,7 +326,7 @@ def apply(model: nn.Module, config: LAAQConfig | None = None, *,
             p = f"{name}." if name else ""
             attn = _get(layer, row.attention)
             if conv.norm(_get(layer, row.input_norm), p + row.input_norm, idx, plan):
-                for proj in (row.q_proj, row.k_proj, row.v_proj):
+                for proj in dict.fromkeys((row.q_proj, row.k_proj, row.v_proj)):  # one path if fused
                     conv.linear(_get(attn, proj) if attn is not None else None,
                                 f"{p}{row.attention}.{proj}", idx, plan, "linear_input")
             conv.linear(_get(attn, row.o_proj) if attn is not None else None, f"{p}{row.attention}.{row.o_proj}",

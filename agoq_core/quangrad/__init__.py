@@ -8,7 +8,8 @@ Quick start (inside a torchrun / init_process_group job)::
 
 Checking API: ``all_reduce_(t, group=None, fmt="fp8_e4m3", block=None)`` (in place, identical on every
 rank), ``reduce_scatter(t, ...)``, the baselines in ``agoq_core.quangrad.baselines`` and the
-single-process ``protocol.simulate_all_reduce`` for conformance vectors. docs/quangrad.md has the rest.
+single-process ``protocol.simulate_all_reduce`` for conformance vectors. FSDP2: ``agoq_core.quangrad.fsdp.enable(model)``
+after ``fully_shard`` (module ``fsdp``). docs/quangrad.md has the rest.
 """
 from agoq_core.quangrad.baselines import bf16_all_reduce_, fp32_all_reduce_, naive_fp8_all_reduce_
 from agoq_core.quangrad.collective import ReduceScatterResult, all_reduce_, reduce_scatter

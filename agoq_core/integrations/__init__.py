@@ -1,0 +1,1 @@
+"""Integrations with training stacks. Each module imports its stack only when used."""

@@ -1,0 +1,285 @@
+"""torchtitan Llama 3 on one GPU: activation checkpointing none/selective/full, float8, and the agoq converter.
+
+Every configuration runs in its own process (fresh allocator, fresh compile caches) on torchtitan's own
+pieces: ``model_registry(flavor, converters=[...])``, its ActivationCheckpointing policies, its
+``apply_fsdp_to_decoder`` (FSDP2 world size 1, bf16 params, fp32 reduce; what ``parallelize_llama``
+does), ``apply_compile`` for float8, and its ``ChunkedLossWrapper`` cross-entropy. Same seed, data,
+batch, steps and sequence lengths for all; for each configuration the sequence lengths are tried in
+increasing order until one runs out of memory, which gives the longest sequence that fits (on this
+ladder). Writes ``$OUT/bench_torchtitan.json`` and ``$OUT/bench_torchtitan.md``.
+
+    python3 benchmarks/bench_torchtitan.py                      # H200: Llama-3-8B layer shape
+    python3 benchmarks/bench_torchtitan.py --smoke              # CPU, gloo, torchtitan's debugmodel
+
+Deviations from torchtitan's own launcher, each for a stated reason:
+- The Trainer is not used: it needs torchtitan's test assets (c4_test, tokenizer) and the
+  datasets/tokenizers/torchdata/wandb packages, none on the GPU machine; tokens are random (seeded).
+- Inner attention is SDPA for every configuration (flash on H200): torchtitan 0.3.0's default,
+  FlexAttention, compiles with max_autotune on first use, minutes per process.
+- ``--layers`` (default 8) of the 8B model's 32 layers: with fp32 master weights and AdamW state
+  (16 B/parameter) the full 8B model's states alone exceed one H200; activation memory per layer is
+  what the configurations differ in, and it is the same per layer at any depth.
+- On torch < 2.13 ``torch.distributed.fsdp.DataParallelMeshDims`` (imported at module level by
+  torchtitan 0.3.0, used only by its full-DTensor mode, which this script does not use) is given a
+  placeholder so that torchtitan imports.
+- LAAQ+QuanGrad at FSDP world size 1: FSDP2 does not call its reduce-scatter at world size 1, so this
+  row measures the converter's installation only; the counters in the JSON say 0 compressed buckets.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = {
+    # name: (activation checkpointing, converter, compile)
+    "tt_ac_none": ("none", None, False),
+    "tt_ac_selective": ("selective", None, False),
+    "tt_ac_full": ("full", None, False),
+    "tt_float8_selective": ("selective", "float8", True),
+    "agoq_laaq": ("none", "agoq", False),
+    "agoq_laaq_quangrad": ("none", "agoq+qg", False),
+}
+SEQS = (4096, 8192, 16384, 32768, 65536)
+SMOKE_SEQS = (64, 128)
+
+
+def _torch_shims() -> None:
+    import torch.distributed.fsdp as fsdp
+
+    if not hasattr(fsdp, "DataParallelMeshDims"):  # torch < 2.13: see the module docstring
+        class DataParallelMeshDims:  # placeholder type; never instantiated here
+            def __init__(self, *a, **k):
+                raise NotImplementedError("DataParallelMeshDims needs torch >= 2.13")
+        fsdp.DataParallelMeshDims = DataParallelMeshDims
+
+
+def _converters(kind: str | None, smoke: bool):
+    if kind is None:
+        return None
+    if kind == "float8":
+        from torchtitan.components.quantization import Float8LinearConverter
+
+        return [Float8LinearConverter.Config(model_compile_enabled=not smoke, emulate=smoke)]
+    from agoq_core.integrations.torchtitan import AgoqConverter
+
+    return [AgoqConverter.Config(quangrad=kind == "agoq+qg", quangrad_threshold_bytes=0)]
+
+
+def child(args) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    _torch_shims()
+    from torch.distributed.device_mesh import init_device_mesh
+    from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+    from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.llama3 import model_registry
+
+    ac, conv, compile_ = CONFIGS[args.child]
+    dev = "cpu" if args.smoke else "cuda"
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(args.port))
+    dist.init_process_group("gloo" if args.smoke else "nccl", rank=0, world_size=1)
+    if dev == "cuda":
+        torch.cuda.set_device(0)
+    compile_ = compile_ and not args.smoke
+    spec = model_registry(args.flavor, converters=_converters(conv, args.smoke))
+    cfg = spec.model
+    if args.layers:
+        cfg.layers = cfg.layers[: args.layers]
+    for layer in cfg.layers:
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = cfg.build()
+    if ac == "full":
+        FullAC.Config().build().apply(model)
+    elif ac == "selective":
+        SelectiveAC.Config().build().apply(model)
+    if compile_:
+        from torchtitan.config import CompileConfig
+        from torchtitan.distributed.compile import apply_compile
+
+        apply_compile(model, compile_config=CompileConfig(enable=True, components=["model"]), parallel_dims=None)
+    mesh = init_device_mesh(dev, (1,), mesh_dim_names=("fsdp",))
+    pdtype = torch.float32 if args.smoke else torch.bfloat16
+    apply_fsdp_to_decoder(model, mesh, param_dtype=pdtype, reduce_dtype=torch.float32, pp_enabled=False)
+    model.to_empty(device=dev)
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    model.train()
+    n_params = sum(p.numel() for p in model.parameters())
+    loss_fn = ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config()).build()
+    loss_fn.set_lm_head(model.lm_head)
+    model._skip_lm_head = True
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    vocab = cfg.vocab_size
+    res = {"config": args.child, "ac": ac, "converter": conv, "compile": compile_, "params": n_params,
+           "layers": len(cfg.layers), "flavor": args.flavor, "batch": args.batch, "runs": []}
+
+    def sync():
+        if dev == "cuda":
+            torch.cuda.synchronize()
+
+    deadline = time.time() + args.budget_s
+    for seq in args.seqs:
+        if time.time() > deadline:
+            res["runs"].append({"seq": seq, "status": "skipped (time budget)"})
+            break
+        g = torch.Generator().manual_seed(seq)
+        data = torch.randint(0, vocab, (args.warmup + args.steps, args.batch, seq + 1), generator=g)
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        losses, t0 = [], None
+        try:
+            for i in range(args.warmup + args.steps):
+                if i == args.warmup:
+                    sync()
+                    t0 = time.perf_counter()
+                tok = data[i].to(dev)
+                h = model(tok[:, :-1])
+                loss, _ = loss_fn(h, tok[:, 1:], global_valid_tokens=torch.tensor(float(args.batch * seq), device=dev))
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                losses.append(float(loss.detach()))
+            sync()
+            dt = time.perf_counter() - t0
+            run = {"seq": seq, "status": "ok", "tokens_per_s": args.batch * seq * args.steps / dt,
+                   "step_s": dt / args.steps, "losses": losses}
+            if dev == "cuda":
+                run["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+                run["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+            res["runs"].append(run)
+        except torch.OutOfMemoryError:
+            res["runs"].append({"seq": seq, "status": "oom"})
+            break
+        finally:
+            opt.zero_grad(set_to_none=True)
+            h = loss = None
+            gc.collect()
+    st = model.__dict__.get("agoq_quangrad_state")
+    if st is not None:
+        res["quangrad"] = {"compressed_calls": st.compressed_calls, "fallback_calls": st.fallback_calls,
+                           "wire_bytes": st.wire_bytes}
+    rep = model.__dict__.get("agoq_laaq_report")
+    if rep is not None:
+        res["laaq"] = str(rep).splitlines()[0]
+    dist.destroy_process_group()
+    return res
+
+
+def _table(results: list[dict]) -> str:
+    seqs = sorted({r["seq"] for res in results for r in res.get("runs", [])})
+    lines = ["| config | " + " | ".join(f"seq {s}: tok/s, peak GiB" for s in seqs) + " | longest fitting |",
+             "|---|" + "---|" * (len(seqs) + 1)]
+    for res in results:
+        cells = []
+        by = {r["seq"]: r for r in res.get("runs", [])}
+        for s in seqs:
+            r = by.get(s)
+            if r is None:
+                cells.append("")
+            elif r["status"] == "ok":
+                cells.append(f"{r['tokens_per_s']:,.0f}, {r.get('peak_gib', float('nan')):.1f}")
+            else:
+                cells.append(r["status"])
+        ok = [r["seq"] for r in res.get("runs", []) if r["status"] == "ok"]
+        longest = (f">= {max(ok)}" if ok and ok[-1] == res["runs"][-1]["seq"] and res["runs"][-1]["status"] == "ok"
+                   else (str(max(ok)) if ok else "none"))
+        err = f" ({res['error'][:80]})" if res.get("error") else ""
+        lines.append(f"| {res['config']}{err} | " + " | ".join(cells) + f" | {longest} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--smoke", action="store_true", help="CPU/gloo, torchtitan's debugmodel, tiny sequences")
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--flavor", default=None, help="torchtitan llama3 flavor (default 8B; debugmodel with --smoke)")
+    ap.add_argument("--layers", type=int, default=None, help="decoder layers kept (default 8; 2 with --smoke)")
+    ap.add_argument("--seqs", default=None)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--budget-s", type=float, default=440.0, help="total wall-clock budget for all configs")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, default=29611, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.flavor = args.flavor or ("debugmodel" if args.smoke else "8B")
+    args.layers = args.layers if args.layers is not None else (2 if args.smoke else 8)
+    args.seqs = [int(s) for s in args.seqs.split(",")] if args.seqs else list(SMOKE_SEQS if args.smoke else SEQS)
+    if args.child:
+        try:
+            res = child(args)
+        except Exception as e:  # noqa: BLE001 - reported in the table, the other configs still run
+            import traceback
+
+            res = {"config": args.child, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(),
+                   "runs": []}
+        print("RESULT " + json.dumps(res), flush=True)
+        return
+    out = Path(os.environ.get("OUT", "/tmp/agoq-out"))
+    out.mkdir(parents=True, exist_ok=True)
+    names = [c for c in args.configs.split(",") if c]
+    unknown = [c for c in names if c not in CONFIGS]
+    if unknown:
+        sys.exit(f"unknown configs {unknown}; known: {list(CONFIGS)}")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    start, results = time.time(), []
+    for i, name in enumerate(names):
+        left = args.budget_s - (time.time() - start)
+        per = left / (len(names) - i)
+        if per < 20:
+            results.append({"config": name, "error": "skipped: time budget spent", "runs": []})
+            continue
+        cmd = [sys.executable, __file__, "--child", name, "--flavor", args.flavor, "--layers", str(args.layers),
+               "--seqs", ",".join(map(str, args.seqs)), "--batch", str(args.batch), "--steps", str(args.steps),
+               "--warmup", str(args.warmup), "--budget-s", str(max(per - 45, 10)), "--port", str(29611 + i)]
+        if args.smoke:
+            cmd.append("--smoke")
+        t = time.time()
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=per, env=env)
+            line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
+            res = json.loads(line[7:]) if line else {"config": name, "error": f"exit {p.returncode}: "
+                                                     f"{p.stderr.strip().splitlines()[-1:]}", "runs": []}
+            if not line:
+                res["stderr_tail"] = p.stderr[-3000:]
+        except subprocess.TimeoutExpired:
+            res = {"config": name, "error": f"timed out after {per:.0f}s", "runs": []}
+        res["wall_s"] = time.time() - t
+        results.append(res)
+        print(f"{name}: {res.get('error') or [(r['seq'], r['status'], round(r.get('tokens_per_s', 0))) for r in res['runs']]}"
+              f" ({res['wall_s']:.0f}s)", flush=True)
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "argv": sys.argv,
+            "flavor": args.flavor, "layers": args.layers, "batch": args.batch, "steps": args.steps,
+            "warmup": args.warmup}
+    try:
+        import torch
+        import torchtitan
+
+        meta.update(torch=torch.__version__, torchtitan=getattr(torchtitan, "__version__", "?"))
+        if torch.cuda.is_available():
+            meta["gpu"] = torch.cuda.get_device_name(0)
+    except Exception as e:  # noqa: BLE001
+        meta["env_error"] = repr(e)
+    (out / "bench_torchtitan.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    md = f"torchtitan bench {meta}\n\n{_table(results)}\n"
+    (out / "bench_torchtitan.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
