@@ -45,7 +45,7 @@ H200_MEASURED = MappingProxyType({
 #: micro-batch (kernel launches of an eager layer, ~1.7 ms forward + backward). The LAAQ and
 #: checkpointing rows of the same run are then predictions (docs/scale.md §5).
 #: agoq_core.scale.single_gpu.fit_h200 re-fits them; tests/scale/test_single_gpu.py checks these constants.
-ATTENTION_FIT = 0.468
+ATTENTION_FIT = 0.467
 LAYER_OVERHEAD_FIT = 1.68e-3
 
 
