@@ -13,7 +13,7 @@ from typing import Iterable, Sequence
 from agoq_core.scale.collectives import COLLECTIVES
 from agoq_core.scale.errors import ScaleError
 
-__all__ = ["AlphaBetaFit", "fit_alpha_beta", "predict_collective"]
+__all__ = ["AlphaBetaFit", "fit_alpha_beta", "fit_joint", "predict_collective"]
 
 
 @dataclass(frozen=True)
@@ -53,13 +53,23 @@ def predict_collective(op: str, nbytes: float, p: int, alpha: float, beta: float
 
 
 def fit_alpha_beta(rows: Iterable[Sequence[float]], op: str) -> AlphaBetaFit:
+    """Fit one collective's ``(nbytes, p, seconds)`` rows."""
     rows = tuple((float(n), int(p), float(t)) for n, p, t in rows)
-    if len(rows) < 2:
-        raise ScaleError(f"fitting alpha and beta needs at least 2 measurements, got {len(rows)}")
-    if any(t <= 0 for _, _, t in rows):
+    alpha, beta = _solve([(_coeffs(op, n, p), t) for n, p, t in rows])
+    return AlphaBetaFit(op=op, alpha=alpha, beta=beta, rows=rows)
+
+
+def fit_joint(rows: Iterable[Sequence]) -> tuple[float, float]:
+    """One (alpha, beta) for ``(op, nbytes, p, seconds)`` rows of several collectives on the same link."""
+    return _solve([(_coeffs(op, float(n), int(p)), float(t)) for op, n, p, t in rows])
+
+
+def _solve(X: list[tuple[tuple[float, float], float]]) -> tuple[float, float]:
+    if len(X) < 2:
+        raise ScaleError(f"fitting alpha and beta needs at least 2 measurements, got {len(X)}")
+    if any(not t > 0 for _, t in X):
         raise ScaleError("measured times must be > 0")
     # weighted normal equations with weights 1/t^2: minimise sum ((a x + b y) / t - 1)^2
-    X = [(_coeffs(op, n, p), t) for n, p, t in rows]
     sxx = sum((a / t) ** 2 for (a, _), t in X)
     syy = sum((b / t) ** 2 for (_, b), t in X)
     sxy = sum((a / t) * (b / t) for (a, b), t in X)
@@ -67,18 +77,20 @@ def fit_alpha_beta(rows: Iterable[Sequence[float]], op: str) -> AlphaBetaFit:
     sy1 = sum(b / t for (_, b), t in X)
     det = sxx * syy - sxy * sxy
     alpha = beta = -1.0
-    if det > 0:
+    if det > 1e-12 * max(sxx * syy, 1e-300):
         alpha = (sx1 * syy - sy1 * sxy) / det
         beta = (sy1 * sxx - sx1 * sxy) / det
-    if alpha < 0 or beta < 0 or det <= 0:  # one parameter alone, the better of the two
+    if alpha < 0 or beta < 0:  # one parameter alone, the better of the two
         cand = []
         if syy > 0:
             cand.append((0.0, sy1 / syy))
         if sxx > 0:
             cand.append((sx1 / sxx, 0.0))
+        if not cand:
+            raise ScaleError("the measurements carry neither steps nor bytes (p = 1?): nothing to fit")
 
         def err(ab):
             return sum(((a * ab[0] + b * ab[1]) / t - 1) ** 2 for (a, b), t in X)
 
         alpha, beta = min(cand, key=err)
-    return AlphaBetaFit(op=op, alpha=alpha, beta=beta, rows=rows)
+    return alpha, beta

@@ -51,9 +51,14 @@ def hf_plain_layer_bytes(shape: TransformerShape, tokens: int) -> int:
     its fp32 upcast input (4 B) and the bf16 normalized tensor (2 B) = 12 B x T x h for two; the q/k/v
     and gate/up GEMMs keep the norm outputs (2 x 2 B x T x h); SDPA keeps q, k, v, its output and an
     fp32 logsumexp; SwiGLU keeps gate and up outputs and silu(gate), the down projection its input
-    (4 x 2 B x T x i). The out-projection input is SDPA's output (kept once)."""
+    (4 x 2 B x T x i). The out-projection input is SDPA's output (kept once). Each RMSNorm also keeps its
+    fp32 reciprocal RMS (4 B x T). Equal byte for byte to ``agoq_core.laaq.measure_saved_bytes`` on a real
+    bf16 HF model (tests/scale/test_memory.py)."""
     T, h = tokens, shape.hidden
-    return 12 * T * h + 4 * T * h + (4 * T * h + 4 * T * shape.kv_dim + 4 * T * shape.heads) + 8 * T * shape.intermediate
+    norms = 2 * (6 * T * h + 4 * T)
+    gemm_inputs = 4 * T * h
+    attention = 4 * T * h + 4 * T * shape.kv_dim + 4 * T * shape.heads
+    return norms + gemm_inputs + attention + 8 * T * shape.intermediate
 
 
 def _div(x: int, t: int) -> int:
