@@ -54,7 +54,7 @@ def _run_cluster(args: argparse.Namespace) -> int:
 
     network = load_profile(args.network) if args.network else None
     cluster = parse_cluster(args.cluster, inter=args.inter, intra=args.intra, network=network,
-                            gpus_per_node=args.gpus_per_node, nics_per_node=args.nics_per_node)
+                            gpus_per_node=args.gpus_per_node or 8, nics_per_node=args.nics_per_node)
     par = Parallel(tp=args.tp or 1, pp=args.pp if args.pp is not None else args.stages, dp=args.dp or 1,
                    schedule=args.schedule, microbatches=args.microbatches, chunks=args.chunks,
                    microbatch_size=args.microbatch_size, zero=args.zero or 0)
@@ -152,7 +152,7 @@ def register(p: argparse.ArgumentParser) -> None:
     c.add_argument("--intra", default=None, help="intra-node link preset (nvlink4, nvlink3, pcie4, hccs) [device's]")
     c.add_argument("--network", default=None, help="a network profile JSON (benchmarks/calibrate_collectives.py) or "
                                                    "the name of a shipped one; overrides --inter/--intra")
-    c.add_argument("--gpus-per-node", type=int, default=8, help="devices per node [8]")
+    c.add_argument("--gpus-per-node", type=int, default=None, help="devices per node [8]")
     c.add_argument("--nics-per-node", type=int, default=None,
                    help="inter-node NICs per node [one per GPU for H100/H200/A100, else 1]")
     c.add_argument("--tp", type=int, default=None, help="tensor-parallel size [1]")

@@ -36,7 +36,7 @@ CODEC_COPY_FRACTION: Mapping[str, Mapping[str, float]] = MappingProxyType({
 H200_MEASURED = MappingProxyType({
     "copy_GBps": 4202.0,            # bench_codecs.py: 1 GiB device-to-device copy, 511.0 us
     "gemm_TFLOPs": 677.4,           # bench_fusion.py run2: median cuBLAS bf16 of 24 LLaMA-7B/8B GEMMs
-    "memory_bytes": 150109880320,   # torch.cuda.get_device_properties().total_memory (139.8 GiB)
+    "memory_bytes": 150109880320,   # total_memory of the device properties torch reports (139.8 GiB)
 })
 
 #: The two H200 numbers fitted rather than measured directly, from the plain bf16 LLaMA-2-7B steps at
