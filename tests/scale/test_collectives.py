@@ -8,6 +8,7 @@ import pytest
 
 from agoq_core.scale import ScaleError
 from agoq_core.scale.collectives import (Group, all_gather, all_to_all, collective_time, quangrad_allreduce_time,
+                                         quangrad_two_hop_time,
                                          reduce_scatter, ring_allreduce, tree_allreduce)
 from agoq_core.scale.network import Link, NetworkProfile
 
@@ -45,7 +46,7 @@ def test_hierarchical_known_answer():
     rs = 3 * 1e-6 + 0.75 * N / 100e9
     inter = 2 * 1 * 1e-5 + 2 * 0.5 * (N / 4) / 10e9
     hier = rs + inter + rs
-    flat_ring = 14 * 1e-5 + 1.75 * N / 10e9
+    flat_ring = 14 * 1e-5 + 1.75 * N / (4 * 10e9)   # 4 channels, one per NIC: a node's NICs carry a hop
     assert collective_time("all_reduce", N, g, algorithm="hierarchical") == pytest.approx(hier, rel=1e-12)
     assert collective_time("all_reduce", N, g, algorithm="ring") == pytest.approx(flat_ring, rel=1e-12)
     assert collective_time("all_reduce", N, g) == pytest.approx(min(hier, flat_ring, collective_time(
@@ -56,6 +57,15 @@ def test_nic_sharing():
     # one NIC per node shared by 8 concurrent groups: each gets 1/8 of it
     g = Group(size=2, per_node=1, network=_net(nics=1), concurrent=8)
     assert collective_time("all_gather", N, g) == pytest.approx(1e-5 + 0.5 * N / (10e9 / 8), rel=1e-12)
+
+
+def test_all_to_all_across_nodes_goes_through_the_nics():
+    g = Group(size=8, per_node=4, network=_net())
+    intra = 3 / 8 * N / 100e9
+    inter = 4 / 8 * N / 10e9   # half of each rank's data goes to the other node, on its own NIC
+    assert collective_time("all_to_all", N, g) == pytest.approx(7 * 1e-5 + max(intra, inter), rel=1e-12)
+    # an all-gather's ring crosses the node boundary once: 4x less NIC time than the all-to-all here
+    assert collective_time("all_gather", N, g) == pytest.approx(7 * 1e-5 + 7 / 8 * N / 40e9, rel=1e-12)
 
 
 def test_intra_node_group_uses_the_intra_link():
@@ -115,3 +125,17 @@ def test_more_ranks_never_fewer_steps():
 def test_bad_input(call, msg):
     with pytest.raises(ScaleError, match=msg):
         call()
+
+
+def test_two_hop_quangrad_known_answer():
+    net = _net()  # 100 GB/s intra (1 us), 10 GB/s per NIC x 4 per node (10 us)
+    g = Group(size=8, per_node=4, network=net)
+    numel = 2**24
+    n8 = numel * (1 + 4 / 256)
+    t = quangrad_two_hop_time(numel, g)
+    intra = 3 * 1e-6 + 0.75 * n8 / 100e9            # a2a (and ag) among 4 GPUs of a node
+    inter = 1 * 1e-5 + 0.5 * (n8 / 4) / 10e9         # a2a (and ag) of the quarter across 2 nodes
+    assert t.all_to_all == pytest.approx(intra + inter, rel=1e-12)
+    assert t.all_gather == pytest.approx(intra + inter, rel=1e-12)
+    # fewer NIC bytes than the flat version
+    assert t.total < quangrad_allreduce_time(numel, g).total
