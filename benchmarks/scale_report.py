@@ -45,7 +45,7 @@ def table4(plots: bool) -> None:
         print(f"- {net}: alpha = {ar['alpha_s'] * 1e6:.1f} us per step, effective bandwidth "
               f"{f['effective_bandwidth_GBps']:.3f} GB/s per DP group (the NIC's 1/8 share: "
               f"{f['line_rate_per_group_GBps']:.3f} GB/s); codec: {f['codec']['alpha_s'] * 1e3:.3f} ms + "
-              f"{1 / f['codec']['beta_s_per_byte'] / 2 / 1e9:.1f} GB/s of fp32 input")
+              f"{2 / f['codec']['beta_s_per_byte'] / 1e9:.1f} GB/s of fp32 input")
     print("\n| network | size | column | reported | predicted | pred/rep |\n|---|---|---|---:|---:|---:|")
     for r in rows:
         tag = " (fitted)" if r.fitted_on else ""
