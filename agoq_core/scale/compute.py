@@ -29,8 +29,9 @@ from agoq_core.planner.model import TransformerShape
 from agoq_core.scale.devices import DeviceProfile
 from agoq_core.scale.errors import ScaleError
 
-__all__ = ["ELEMENTWISE", "LayerCost", "layer_cost", "head_cost", "laaq_overhead", "quangrad_codec_seconds",
-           "optimizer_seconds", "Elementwise"]
+__all__ = ["ELEMENTWISE", "Elementwise", "LayerCost", "layer_cost", "head_cost", "gemm_flops_fwd",
+           "attention_flops_fwd", "laaq_overhead", "quangrad_codec_seconds", "accumulate_seconds", "optimizer_seconds",
+           "OPTIMIZER_BYTES_PER_PARAM", "BACKWARD_GEMM", "BACKWARD_ATTENTION", "BACKWARD_ELEMENTWISE"]
 
 Elementwise = Literal["fused", "hf"]
 
