@@ -49,13 +49,21 @@ _CLUSTER_ONLY = ("tp", "pp", "dp", "zero", "inter", "intra", "network", "gpus_pe
 
 
 def _run_cluster(args: argparse.Namespace) -> int:
+    from agoq_core.planner.errors import PlannerError
     from agoq_core.scale import Parallel, load_profile, parse_cluster, predict
     from agoq_core.scale.render import render_prediction
 
     network = load_profile(args.network) if args.network else None
     cluster = parse_cluster(args.cluster, inter=args.inter, intra=args.intra, network=network,
                             gpus_per_node=args.gpus_per_node or 8, nics_per_node=args.nics_per_node)
-    par = Parallel(tp=args.tp or 1, pp=args.pp if args.pp is not None else args.stages, dp=args.dp or 1,
+    tp, pp = args.tp or 1, (args.pp if args.pp is not None else args.stages)
+    dp = args.dp
+    if dp is None:  # the rest of the devices, as torchtitan's dp_shard=-1; the table shows the result
+        if tp < 1 or pp < 1 or cluster.devices % (tp * pp):
+            raise PlannerError(f"--dp not given and {cluster.devices} devices of {cluster.name} are not a multiple of "
+                               f"tp({tp}) * pp({pp}) = {tp * pp}; give --tp, --pp and --dp")
+        dp = cluster.devices // (tp * pp)
+    par = Parallel(tp=tp, pp=pp, dp=dp,
                    schedule=args.schedule, microbatches=args.microbatches, chunks=args.chunks,
                    microbatch_size=args.microbatch_size, zero=args.zero or 0)
     pred = predict(_load_model(args.model), cluster, par, args.seq_len, accounting=args.accounting or "project",
@@ -156,8 +164,8 @@ def register(p: argparse.ArgumentParser) -> None:
     c.add_argument("--nics-per-node", type=int, default=None,
                    help="inter-node NICs per node [one per GPU for H100/H200/A100, else 1]")
     c.add_argument("--tp", type=int, default=None, help="tensor-parallel size [1]")
-    c.add_argument("--pp", type=int, default=None, help="pipeline-parallel size [--stages]")
-    c.add_argument("--dp", type=int, default=None, help="data-parallel size [1]")
+    c.add_argument("--pp", type=int, default=None, help="pipeline-parallel size [--stages, i.e. 4]")
+    c.add_argument("--dp", type=int, default=None, help="data-parallel size [devices / (tp x pp)]")
     c.add_argument("--zero", type=int, default=None, choices=(0, 1, 2, 3),
                    help="shard optimizer (1), + gradients (2), + weights (3 = FSDP) over dp [0]")
     c.add_argument("--accounting", default=None, choices=("project", "paper"),

@@ -67,6 +67,7 @@ def test_network_profile_file(capsys, tmp_path):
     (["--cluster", "64xA6000", "--inter", "fast", "--tp", "8", "--pp", "4", "--dp", "2"], "cannot read 'fast' as a rate"),
     (["--cluster", "sixty-four"], "write DEVICESxTYPE"),
     (["--tp", "8"], "--tp describe a cluster prediction and need --cluster"),
+    (["--cluster", "8xH100", "--tp", "8"], "not a multiple of tp(8) * pp(4) = 32; give --tp, --pp and --dp"),
     (["--cluster", "8xH100", "--tp", "8", "--pp", "1", "--dp", "1", "--network", "nope"], "no network profile 'nope'"),
     (["--cluster", "64xA6000", "--tp", "8", "--pp", "4", "--dp", "2", "--schedule", "interleaved-1f1b",
       "--microbatches", "9"], "nearest that work: 8 or 10"),
@@ -75,6 +76,11 @@ def test_bad_input(capsys, args, msg):
     code, _, err = run(capsys, *args)
     assert code == 2
     assert err.startswith("agoq plan: error:") and msg in err, err
+
+
+def test_dp_is_the_rest_of_the_devices(capsys):
+    code, out, _ = run(capsys, "--cluster", "64xA6000", "--tp", "8", "--pp", "4", "--schedule", "1f1b", "--json")
+    assert code == 0 and json.loads(out)["parallel"]["dp"] == 2
 
 
 def test_plain_plan_unchanged(capsys):
