@@ -1,4 +1,8 @@
-"""``agoq plan``: DBCA-PP activation formats per pipeline stage, with the reasons, as a table or JSON."""
+"""``agoq plan``: DBCA-PP activation formats per pipeline stage, with the reasons, as a table or JSON.
+
+With ``--cluster`` it predicts peak memory per stage and step time, baseline vs AGoQ, on a cluster
+(agoq_core.scale): ``agoq plan --cluster 64xA6000 --inter 200Gbps --tp 8 --pp 4 --dp 2 --model llama2-13b``.
+"""
 from __future__ import annotations
 
 import argparse
@@ -40,8 +44,44 @@ def _torch_check(spec) -> str:
             f" ({ta.source})")
 
 
+_CLUSTER_ONLY = ("tp", "pp", "dp", "zero", "inter", "intra", "network", "gpus_per_node", "nics_per_node",
+                 "accounting", "recompute", "elementwise")
+
+
+def _run_cluster(args: argparse.Namespace) -> int:
+    from agoq_core.planner.errors import PlannerError
+    from agoq_core.scale import Parallel, load_profile, parse_cluster, predict
+    from agoq_core.scale.render import render_prediction
+
+    network = load_profile(args.network) if args.network else None
+    cluster = parse_cluster(args.cluster, inter=args.inter, intra=args.intra, network=network,
+                            gpus_per_node=args.gpus_per_node or 8, nics_per_node=args.nics_per_node)
+    tp, pp = args.tp or 1, (args.pp if args.pp is not None else args.stages)
+    dp = args.dp
+    if dp is None:  # the rest of the devices, as torchtitan's dp_shard=-1; the table shows the result
+        if tp < 1 or pp < 1 or cluster.devices % (tp * pp):
+            raise PlannerError(f"--dp not given and {cluster.devices} devices of {cluster.name} are not a multiple of "
+                               f"tp({tp}) * pp({pp}) = {tp * pp}; give --tp, --pp and --dp")
+        dp = cluster.devices // (tp * pp)
+    par = Parallel(tp=tp, pp=pp, dp=dp,
+                   schedule=args.schedule, microbatches=args.microbatches, chunks=args.chunks,
+                   microbatch_size=args.microbatch_size, zero=args.zero or 0)
+    pred = predict(_load_model(args.model), cluster, par, args.seq_len, accounting=args.accounting or "project",
+                   recompute=args.recompute, elementwise=args.elementwise or "fused")
+    print(json.dumps(pred.to_dict(), indent=2) if args.json else render_prediction(pred))
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     from agoq_core.planner import PlanConfig, StaticMemoryConfig, plan_for_pipeline
+    from agoq_core.planner.errors import PlannerError
+
+    if args.cluster:
+        return _run_cluster(args)
+    given = [f"--{k.replace('_', '-')}" for k in _CLUSTER_ONLY if getattr(args, k) is not None]
+    if given:
+        raise PlannerError(f"{', '.join(given)} describe a cluster prediction and need --cluster (e.g. --cluster "
+                           f"64xA6000 --inter 200Gbps --tp 8 --pp 4 --dp 2)")
     from agoq_core.planner.explain import parse_bytes, render_plan
 
     cfg = PlanConfig(
@@ -111,4 +151,27 @@ def register(p: argparse.ArgumentParser) -> None:
                    help="also train STEPS steps of the plan on a real CPU pipeline (one process per stage, "
                         "gloo; small models only) and print measured vs planned memory per stage")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    c = p.add_argument_group("cluster prediction (agoq_core.scale; docs/scale.md)")
+    c.add_argument("--cluster", default=None, metavar="NxDEVICE",
+                   help="predict memory and step time, baseline vs AGoQ, on N devices of a type "
+                        "(H200, H100, A100, A6000, 910B), e.g. 64xA6000")
+    c.add_argument("--inter", default=None, help="inter-node link: a rate (200Gbps, 25GbE) or a preset (ib-400, "
+                                                 "ib-200, roce-200, eth-100, eth-25, eth-10) [ib-200]")
+    c.add_argument("--intra", default=None, help="intra-node link preset (nvlink4, nvlink3, pcie4, hccs) [device's]")
+    c.add_argument("--network", default=None, help="a network profile JSON (benchmarks/calibrate_collectives.py) or "
+                                                   "the name of a shipped one; overrides --inter/--intra")
+    c.add_argument("--gpus-per-node", type=int, default=None, help="devices per node [8]")
+    c.add_argument("--nics-per-node", type=int, default=None,
+                   help="inter-node NICs per node [one per GPU for H100/H200/A100, else 1]")
+    c.add_argument("--tp", type=int, default=None, help="tensor-parallel size [1]")
+    c.add_argument("--pp", type=int, default=None, help="pipeline-parallel size [--stages, i.e. 4]")
+    c.add_argument("--dp", type=int, default=None, help="data-parallel size [devices / (tp x pp)]")
+    c.add_argument("--zero", type=int, default=None, choices=(0, 1, 2, 3),
+                   help="shard optimizer (1), + gradients (2), + weights (3 = FSDP) over dp [0]")
+    c.add_argument("--accounting", default=None, choices=("project", "paper"),
+                   help="activation bytes of this project's code, or the paper's Table 1 units [project]")
+    c.add_argument("--recompute", type=int, default=None,
+                   help="force the baseline's recomputed layers per virtual stage [fewest that fit]")
+    c.add_argument("--elementwise", default=None, choices=("fused", "hf"),
+                   help="memory-bound ops as fused kernels (Megatron) or Hugging Face eager [fused]")
     p.set_defaults(func=_run)

@@ -18,7 +18,7 @@ activations (see docs/planner.md for the derivation).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 from agoq_core.planner.errors import ScheduleError
 
@@ -323,12 +323,22 @@ class Timeline:
     """Idle share of ranks x makespan."""
 
 
-def simulate(spec: PipelineSpec, *, forward_cost: float = 1.0, backward_cost: float = 2.0) -> Timeline:
+def simulate(spec: PipelineSpec, *, forward_cost: float | Sequence[float] = 1.0,
+             backward_cost: float | Sequence[float] = 2.0, p2p_cost: float = 0.0) -> Timeline:
     """Run every rank's list as soon as dependencies allow (a forward needs the previous virtual
     stage's forward of the same micro-batch; a backward needs its own forward and the next virtual
     stage's backward). Proves the lists are deadlock-free. Costs are for a whole stage's layers
-    (default B = 2F); a chunk costs ``1/chunks`` of them, so makespans compare across schedules."""
+    (default B = 2F); a chunk costs ``1/chunks`` of them, so makespans compare across schedules.
+
+    ``forward_cost`` / ``backward_cost`` may instead be sequences with one cost per *virtual stage*
+    (used as given, not divided by chunks): the cluster cost model (agoq_core.scale) prices each
+    virtual stage's layers, embedding and head. ``p2p_cost`` delays a dependency on another
+    rank's action (sending the activation or its gradient)."""
     actions = schedule_actions(spec)
+    fwd = _per_vstage(spec, forward_cost, "forward_cost")
+    bwd = _per_vstage(spec, backward_cost, "backward_cost")
+    if not p2p_cost >= 0:
+        raise ScheduleError(f"p2p_cost must be >= 0, got {p2p_cost!r}")
     last = spec.virtual_stages - 1
     done: dict[tuple[int, str, int], float] = {}
     pos = [0] * spec.stages
@@ -348,8 +358,8 @@ def simulate(spec: PipelineSpec, *, forward_cost: float = 1.0, backward_cost: fl
                         deps.append((a.stage + 1, BACKWARD, a.microbatch))
                 if any(d not in done for d in deps):
                     break
-                t0 = max([free[r]] + [done[d] for d in deps])
-                cost = (forward_cost if a.kind == FORWARD else backward_cost) / spec.chunks
+                t0 = max([free[r]] + [done[d] + (p2p_cost if spec.rank_of(d[0]) != r else 0.0) for d in deps])
+                cost = (fwd if a.kind == FORWARD else bwd)[a.stage]
                 start[r].append(t0)
                 free[r] = t0 + cost
                 done[(a.stage, a.kind, a.microbatch)] = free[r]
@@ -360,7 +370,17 @@ def simulate(spec: PipelineSpec, *, forward_cost: float = 1.0, backward_cost: fl
             stuck = {r: str(actions[r][pos[r]]) for r in range(spec.stages) if pos[r] < len(actions[r])}
             raise ScheduleError(f"schedule {spec.schedule} deadlocks: ranks wait forever at {stuck}")
     makespan = max(free)
-    busy = sum(forward_cost if a.kind == FORWARD else backward_cost
-               for acts in actions for a in acts) / spec.chunks
+    busy = sum((fwd if a.kind == FORWARD else bwd)[a.stage] for acts in actions for a in acts)
     return Timeline(start=tuple(tuple(s) for s in start), makespan=makespan,
                     bubble_fraction=1.0 - busy / (makespan * spec.stages))
+
+
+def _per_vstage(spec: PipelineSpec, cost: float | Sequence[float], what: str) -> tuple[float, ...]:
+    if isinstance(cost, (int, float)) and not isinstance(cost, bool):
+        if not cost >= 0:
+            raise ScheduleError(f"{what} must be >= 0, got {cost!r}")
+        return (float(cost) / spec.chunks,) * spec.virtual_stages
+    costs = tuple(float(c) for c in cost)
+    if len(costs) != spec.virtual_stages or any(not c >= 0 for c in costs):
+        raise ScheduleError(f"{what} needs one cost >= 0 per virtual stage ({spec.virtual_stages}), got {cost!r}")
+    return costs
