@@ -24,7 +24,7 @@ from agoq_core.backend import BackendBase, Capabilities
 from agoq_core.errors import BackendUnavailableError
 from agoq_core.formats.spec import list_formats
 from agoq_ascend import device as npu_device
-from agoq_ascend import vendor
+from agoq_ascend import plugin, vendor
 from agoq_ascend.launch import Launcher, is_interpreted
 from agoq_ascend.planner import DeviceProps, max_block
 from agoq_ascend.soc import INTERPRETER_SOC, SocInfo
@@ -65,7 +65,7 @@ class AscendBackend(BackendBase):
         self.interpreted = interpreted
         self.vendor_options = vendor_options
         self._npu = torch_npu
-        self.device_type = "cpu" if interpreted else "npu"
+        self.device_type = plugin.device_type(interpreted)  # what the plugin's BackendInfo declares
         self.dist_backend = "gloo" if interpreted else "hccl"
         self.launcher = Launcher(props)
         self._max_block = max_block(props)  # ~10 ms of planner arithmetic; capabilities() runs per call
@@ -74,9 +74,7 @@ class AscendBackend(BackendBase):
     @classmethod
     def create(cls) -> "AscendBackend":
         """Build the backend for this process (the probe only looked at files; this checks for real)."""
-        from agoq_ascend.plugin import interpreter_requested
-
-        if interpreter_requested():
+        if plugin.interpreter_requested():
             if not is_interpreted():
                 raise BackendUnavailableError(
                     "AGOQ_ASCEND_INTERPRET=1 but the kernels were not decorated under TRITON_INTERPRET=1 (Triton "
