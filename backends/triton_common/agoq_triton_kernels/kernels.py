@@ -35,7 +35,7 @@ from agoq_triton_kernels.codes import (
 )
 
 __all__ = ["quantize_kernel", "dequantize_kernel", "accumulate_kernel", "reduce_requantize_kernel",
-           "store_codes", "load_codes", "dequantize_tile"]
+           "quantize_tile", "store_codes", "load_codes", "dequantize_tile"]
 
 
 # ---- loads and stores of float tiles --------------------------------------------------------------------
@@ -128,9 +128,13 @@ def _encode_tile(v, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.c
 
 
 @triton.jit
-def _quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr, HW: tl.constexpr,
-                   LUT: tl.constexpr):
+def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr, HW: tl.constexpr,
+                  LUT: tl.constexpr, FAST_DIV: tl.constexpr):
     """x: fp32 [ROWS, BLOCK_P] (masked lanes hold 0) -> (codes int32 [ROWS, BLOCK_P], scales fp32 [ROWS]).
+
+    The one block quantizer of the Triton backends: the codec kernels (FAST_DIV = HW) and agoq-cuda's
+    fused GEMM epilogue (whole blocks per row, FAST_DIV on a GPU with HW=False encodes) call it.
+    HW: hardware fp8 encodes (CUDA sm_89+); FAST_DIV: the FMA-based quotient of _scaled_quotient.
 
     Contract steps: flush |x| < 2**-126 (exponent bits), per-block non-finite flag and absmax,
     scale = absmax / qmax correctly rounded (< 2**-126 -> 0), v = x / scale correctly rounded, encode;
@@ -147,8 +151,8 @@ def _quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl
     scale = tl.math.div_rn(amax, QMAX)
     scale = tl.where((scale.to(tl.int32, bitcast=True) & _EXP_MASK) == 0, 0.0, scale)
     xf = tl.where(a < _MIN_NORMAL_BITS, 0.0, x)
-    v = _scaled_quotient(xf, scale, HW)
-    if HW:
+    v = _scaled_quotient(xf, scale, FAST_DIV)
+    if FAST_DIV:
         if KIND >= 3:  # fp8 keeps the sign of a tiny quotient: take it from x (exact: sign(x/s) = sign(x))
             v = ((v.to(tl.int32, bitcast=True) & _ABS_MASK)
                  | (xf.to(tl.int32, bitcast=True) & _SIGN)).to(tl.float32, bitcast=True)
@@ -280,7 +284,7 @@ def quantize_kernel(x_ptr, codes_ptr, scales_ptr, n, n_blocks, n_tiles,
     while t < n_tiles:
         rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
         x = _load_f32(x_ptr, elem, emask, X_FLOAT)
-        codes, scale = _quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None)
+        codes, scale = quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None, HW)
         store_codes(codes_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
         tl.store(scales_ptr + rows, scale, mask=ok)
         t += tl.num_programs(0)
@@ -316,7 +320,7 @@ def accumulate_kernel(codes_ptr, scales_ptr, lut_ptr, g_ptr, n, n_blocks, n_tile
                             ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW)
         g = _load_f32(g_ptr, elem, emask, G_FLOAT)
         acc = tl.where(emask, d + g, 0.0)  # padding lanes are 0, whatever garbage the pad codes hold
-        codes, scale = _quantize_tile(acc, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None)
+        codes, scale = quantize_tile(acc, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None, HW)
         store_codes(codes_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
         tl.store(scales_ptr + rows, scale, mask=ok)
         t += tl.num_programs(0)
@@ -344,7 +348,7 @@ def reduce_requantize_kernel(codes_ptr, scales_ptr, lut_ptr, codes_out_ptr, scal
                                         NF4_LUT, RAGGED, HW)
             r += 1
         acc = tl.where(emask, acc, 0.0)
-        codes, scale = _quantize_tile(acc, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None)
+        codes, scale = quantize_tile(acc, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None, HW)
         store_codes(codes_out_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
         tl.store(scales_out_ptr + rows, scale, mask=ok)
         t += tl.num_programs(0)

@@ -3,53 +3,26 @@
 A tile here is ``R`` whole blocks of a power-of-two ``BLOCK`` (one block per tile row), each with its
 *global* block index ``rows[r]`` and a validity flag ``ok[r]``: the fused GEMMs cut their output (or
 operand) tile into blocks that are not contiguous in memory, and whole blocks never need element masks.
-The element-wise numerics (encode, decode, zero code), the packing (docs/formats.md §5) and the
-dequantizer are the shared functions of agoq_triton_kernels, called on whole-block tiles, so fused and
-stand-alone codecs compute and store every code the same way; the block quantizer steps (§3) are
-written here for rows without element masks.
+The block quantizer (docs/formats.md §3), the packing (§5) and the dequantizer are the shared functions of
+agoq_triton_kernels.kernels, called on whole-block tiles, so fused and stand-alone codecs compute and
+store every code with the same code.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from agoq_triton_kernels.codes import _ABS_MASK, _EXP_MASK, _QNAN, _SIGN, encode, zero_code
-from agoq_triton_kernels.kernels import _scaled_quotient, dequantize_tile, store_codes
+from agoq_triton_kernels.kernels import dequantize_tile, quantize_tile, store_codes
 
 __all__ = ["quantize_rows", "store_packed", "dequantize_rows"]
 
 
 @triton.jit
 def quantize_rows(x, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr, FAST_DIV: tl.constexpr):
-    """fp32 [R, BLOCK], one block per row -> (codes int32 [R, BLOCK], scales fp32 [R]).
-
-    Flush |x| < 2**-126 and non-finite elements to 0 (exponent bits); a block with a non-finite element
-    gets scale NaN and zero codes; absmax on the magnitude bits (integer order = value order for
-    non-negative floats, and no NaN can win); scale = absmax / qmax correctly rounded (div_rn: Triton's
-    '/' is approximate on NVIDIA); scales below 2**-126 become 0. v = x / scale correctly rounded:
-    div_rn, or with FAST_DIV (GPU only: needs a true FMA) the shared reciprocal + two Markstein
-    corrections of agoq_triton_kernels (6 flops instead of a ~12-instruction division, same result for
-    every quotient a code can tell apart)."""
-    bits = x.to(tl.int32, bitcast=True)
-    expo = bits & _EXP_MASK
-    keep = (expo != 0) & (expo != _EXP_MASK)
-    bad = tl.max((expo == _EXP_MASK).to(tl.int32), axis=1) > 0
-    amax = tl.max(tl.where(keep, bits & _ABS_MASK, 0), axis=1).to(tl.float32, bitcast=True)
-    scale = tl.math.div_rn(amax, QMAX)
-    scale = tl.where((scale.to(tl.int32, bitcast=True) & _EXP_MASK) == 0, 0.0, scale)
-    zero_s = scale == 0.0
-    xk = tl.where(keep, x, 0.0)
-    if FAST_DIV:
-        v = _scaled_quotient(xk, tl.where(zero_s, 1.0, scale), True)
-        if KIND >= 3:  # fp8 keeps the sign of a quotient too tiny for the FMA path: sign(x / s) = sign(x)
-            v = ((v.to(tl.int32, bitcast=True) & _ABS_MASK)
-                 | (xk.to(tl.int32, bitcast=True) & _SIGN)).to(tl.float32, bitcast=True)
-    else:
-        v = tl.math.div_rn(xk, tl.where(zero_s, 1.0, scale)[:, None])
-    v = tl.where(zero_s[:, None], 0.0, v)
-    codes = tl.where(bad[:, None], zero_code(KIND, BITS), encode(v, KIND, BITS, QMAX))
-    scale = tl.where(bad, _QNAN, scale.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
-    return codes, scale
+    """fp32 [R, BLOCK], one block per row -> (codes int32 [R, BLOCK], scales fp32 [R]): the shared block
+    quantizer of the codec kernels (docs/formats.md §3), with the portable encodes (HW=False) and, with
+    FAST_DIV (GPU only: needs a true FMA), the FMA-based correctly rounded quotient."""
+    return quantize_tile(x, None, KIND, BITS, QMAX, False, False, FAST_DIV)
 
 
 @triton.jit
