@@ -1,10 +1,7 @@
 """Workers of test_rank_agreement (spawned processes import them by module path)."""
 from __future__ import annotations
 
-import datetime
 import os
-import pickle
-import traceback
 
 
 def _attempt(fn) -> str | None:
@@ -18,42 +15,30 @@ def _attempt(fn) -> str | None:
     return None
 
 
-def mismatched_backends(rank: int, world: int, port: int, outdir: str) -> None:
+def mismatched_backends(rank: int, world: int) -> dict:
     """Rank 0 runs the reference backend, rank 1 the dummy plugin's: every place where ranks start working
     together must raise the same BackendMismatchError on every rank (and leave them in step for the next)."""
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), AGOQ_DUMMY_AVAILABLE="1",
-                      AGOQ_BACKEND="reference" if rank == 0 else "dummy")
-    result: dict = {}
-    try:
-        from agoq_core.backend import check_same_backend_across_ranks, manager
-        from agoq_core.quangrad import QuanGradDDP, all_reduce_, reduce_scatter, register_comm_hook
-        from agoq_core.train.config import TrainConfig
-        from agoq_core.train.runtime import init_runtime
+    from agoq_core.backend import check_same_backend_across_ranks, manager
+    from agoq_core.quangrad import QuanGradDDP, all_reduce_, reduce_scatter, register_comm_hook
+    from agoq_core.train.config import TrainConfig
+    from agoq_core.train.runtime import init_runtime
 
-        manager.reset()
-        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
-        result["check"] = _attempt(check_same_backend_across_ranks)
-        result["QuanGradDDP"] = _attempt(
-            lambda: QuanGradDDP(torch.nn.Linear(8, 8), lambda ps: torch.optim.SGD(ps, lr=0.1)))
-        ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
-        result["register_comm_hook"] = _attempt(lambda: register_comm_hook(ddp))
-        result["all_reduce_"] = _attempt(lambda: all_reduce_(torch.ones(300)))
-        result["reduce_scatter"] = _attempt(lambda: reduce_scatter(torch.ones(300)))
-        # the same backend on every rank (named explicitly) passes and is usable
-        t = torch.full((300,), float(rank + 1))
-        all_reduce_(t, backend="reference")
-        result["explicit_same_backend_sum"] = float(t[0])
-        # agoq train's runtime (last: on failure it takes the process group down)
-        result["agoq train"] = _attempt(lambda: init_runtime(TrainConfig(device="cpu", threads=1, nproc=2), rank, 2))
-        result["group_destroyed"] = not dist.is_initialized()
-        out = ("ok", result)
-    except BaseException as exc:
-        out = ("error", f"rank {rank}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
-    with open(os.path.join(outdir, f"rank{rank}.pkl"), "wb") as f:
-        pickle.dump(out, f)
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    os.environ.update(AGOQ_DUMMY_AVAILABLE="1", AGOQ_BACKEND="reference" if rank == 0 else "dummy")
+    manager.reset()
+    result: dict = {"check": _attempt(check_same_backend_across_ranks)}
+    result["QuanGradDDP"] = _attempt(lambda: QuanGradDDP(torch.nn.Linear(8, 8), lambda ps: torch.optim.SGD(ps, lr=0.1)))
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
+    result["register_comm_hook"] = _attempt(lambda: register_comm_hook(ddp))
+    result["all_reduce_"] = _attempt(lambda: all_reduce_(torch.ones(300)))
+    result["reduce_scatter"] = _attempt(lambda: reduce_scatter(torch.ones(300)))
+    # the same backend on every rank (named explicitly) passes and is usable
+    t = torch.full((300,), float(rank + 1))
+    all_reduce_(t, backend="reference")
+    result["explicit_same_backend_sum"] = float(t[0])
+    # agoq train's runtime (last: on failure it takes the process group down)
+    result["agoq train"] = _attempt(lambda: init_runtime(TrainConfig(device="cpu", threads=1, nproc=2), rank, world))
+    result["group_destroyed"] = not dist.is_initialized()
+    return result

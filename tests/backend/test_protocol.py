@@ -70,8 +70,12 @@ def test_reference_declares_what_it_implements():
         "gemm_quant_epilogue": ["gemm_quant_epilogue_into", "gemm_quant_epilogue_unsupported"]}
 
 
-def _register(monkeypatch, info: BackendInfo) -> None:
+def _load(monkeypatch, cls, device_type: str = "cpu"):
+    """Register ``cls`` as an installed backend named cls.name and load it through the manager."""
+    info = BackendInfo(name=cls.name, device_type=device_type, probe=lambda: Availability(True, "test"), load=cls,
+                       accelerator=False, distribution="tests")
     monkeypatch.setitem(manager.registry().infos, info.name, info)
+    return get_backend(cls.name)
 
 
 def test_a_claim_without_implementation_is_refused_at_load(monkeypatch):
@@ -82,20 +86,16 @@ def test_a_claim_without_implementation_is_refused_at_load(monkeypatch):
             return dataclasses.replace(super().capabilities(), ops=frozenset({"quantize", "dequantize",
                                                                              "gemm_dequant_prologue"}))
 
-    _register(monkeypatch, BackendInfo(name="liar", device_type="cpu", probe=lambda: Availability(True, "test"),
-                                       load=Liar, accelerator=False, distribution="tests"))
     with pytest.raises(PluginError, match="claims ops it does not implement: 'gemm_dequant_prologue' needs "
                                           "gemm_dequant_prologue_into, gemm_dequant_prologue_unsupported"):
-        get_backend("liar")
+        _load(monkeypatch, Liar)
 
 
 def test_device_type_comes_from_backend_info(monkeypatch):
     class Elsewhere(_Minimal):
         name = "elsewhere"
 
-    _register(monkeypatch, BackendInfo(name="elsewhere", device_type="meta", probe=lambda: Availability(True, "t"),
-                                       load=Elsewhere, accelerator=False, distribution="tests"))
-    assert Elsewhere.device_type is None and get_backend("elsewhere").device_type == "meta"
+    assert Elsewhere.device_type is None and _load(monkeypatch, Elsewhere, "meta").device_type == "meta"
     assert get_backend("reference").device_type == "cpu"  # ReferenceBackend itself states none
     assert ReferenceBackend.device_type is None
 
@@ -105,11 +105,9 @@ def test_a_second_conflicting_device_type_is_refused(monkeypatch):
         name = "conflicting"
         device_type = "cuda"
 
-    _register(monkeypatch, BackendInfo(name="conflicting", device_type="cpu", probe=lambda: Availability(True, "t"),
-                                       load=Conflicting, accelerator=False, distribution="tests"))
     with pytest.raises(PluginError, match="BackendInfo says device_type='cpu' but the loaded Conflicting says "
                                           "'cuda'; state the device type once"):
-        get_backend("conflicting")
+        _load(monkeypatch, Conflicting)
 
 
 def test_dummy_plugin_gets_its_device_type_from_its_record(monkeypatch):

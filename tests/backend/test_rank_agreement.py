@@ -3,38 +3,17 @@ together: ``check_same_backend_across_ranks``, QuanGradDDP, the DDP comm hook, t
 ``agoq train``'s runtime. Two real gloo processes; rank 1 selects the test plugin's ``dummy`` backend."""
 from __future__ import annotations
 
-import os
-import pickle
-import socket
-import tempfile
-
 import pytest
-import torch.multiprocessing as mp
 
 from tests.backend.rank_workers import mismatched_backends
+from tests.quangrad.qg_dist import run_ranks
 
 WHERE = ("check", "QuanGradDDP", "register_comm_hook", "all_reduce_", "reduce_scatter", "agoq train")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def results():
-    with tempfile.TemporaryDirectory() as outdir:
-        mp.start_processes(mismatched_backends, args=(2, _free_port(), outdir), nprocs=2, start_method="spawn",
-                           join=True)
-        out = []
-        for r in range(2):
-            with open(os.path.join(outdir, f"rank{r}.pkl"), "rb") as f:
-                status, value = pickle.load(f)
-            if status == "error":
-                raise RuntimeError(value)
-            out.append(value)
-        return out
+    return run_ranks(mismatched_backends, 2)
 
 
 @pytest.mark.parametrize("where", WHERE)
