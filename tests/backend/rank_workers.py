@@ -23,6 +23,7 @@ def mismatched_backends(rank: int, world: int) -> dict:
 
     from agoq_core.backend import check_same_backend_across_ranks, manager
     from agoq_core.quangrad import QuanGradDDP, all_reduce_, reduce_scatter, register_comm_hook
+    from agoq_core.quangrad import fsdp as qg_fsdp
     from agoq_core.train.config import TrainConfig
     from agoq_core.train.runtime import init_runtime
 
@@ -34,6 +35,10 @@ def mismatched_backends(rank: int, world: int) -> dict:
     result["register_comm_hook"] = _attempt(lambda: register_comm_hook(ddp))
     result["all_reduce_"] = _attempt(lambda: all_reduce_(torch.ones(300)))
     result["reduce_scatter"] = _attempt(lambda: reduce_scatter(torch.ones(300)))
+    if qg_fsdp.supported()[0]:
+        from tests.quangrad.qg_fsdp_workers import build
+
+        result["fsdp.enable"] = _attempt(lambda: qg_fsdp.enable(build()))
     # the same backend on every rank (named explicitly) passes and is usable
     t = torch.full((300,), float(rank + 1))
     all_reduce_(t, backend="reference")
