@@ -28,7 +28,8 @@ def check_supported(be: "Backend", spec: FormatSpec, device: torch.device, op: s
     """Raise CapabilityError unless ``be`` claims ``op`` for ``spec`` on ``device`` (and ``dtype``)."""
     caps = be.capabilities()
     if op not in caps.ops:
-        raise CapabilityError(f"backend {be.name!r} does not provide {op!r}; it provides {sorted(caps.ops)}")
+        raise CapabilityError(f"{op!r} is not supported by backend {be.name!r} (it provides {sorted(caps.ops)}); "
+                              "choose a backend that does with AGOQ_BACKEND")
     if spec.name not in caps.formats:
         raise CapabilityError(
             f"backend {be.name!r} does not support format {spec.name!r}; it supports {sorted(caps.formats)}"

@@ -10,6 +10,7 @@ __all__ = [
     "AmbiguousBackendError",
     "PluginError",
     "CapabilityError",
+    "BackendMismatchError",
     "NonFiniteError",
 ]
 
@@ -44,6 +45,10 @@ class PluginError(BackendError):
 
 class CapabilityError(BackendError, NotImplementedError):
     """The selected backend does not claim the capability that was asked for."""
+
+
+class BackendMismatchError(BackendError):
+    """The ranks of a process group use different agoq backends (raised on every rank)."""
 
 
 class NonFiniteError(AgoqError, FloatingPointError):

@@ -24,7 +24,9 @@ A complete plugin is two files::
     [project.entry-points."agoq.backends"]
     mine = "my_agoq_backend.plugin"
 
-docs/writing-a-backend.md walks through the Backend object that ``_load`` returns.
+``device_type`` is stated only here: the manager sets it on the Backend object ``_load`` returns.
+docs/writing-a-backend.md walks through that object, and every optional operation it may claim (each
+declared by a small protocol in agoq_core.backend.protocol) with its signature and semantics.
 """
 from __future__ import annotations
 

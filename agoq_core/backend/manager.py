@@ -14,7 +14,7 @@ from importlib.metadata import entry_points
 import pluggy
 
 from agoq_core.backend import hookspec
-from agoq_core.backend.protocol import Backend
+from agoq_core.backend.protocol import Backend, unimplemented_ops
 from agoq_core.backend.types import Availability, BackendInfo
 from agoq_core.errors import (
     AmbiguousBackendError,
@@ -182,9 +182,42 @@ def load(name: str) -> Backend:
         backend = info.load()
     except Exception as exc:
         raise PluginError(f"backend {name!r} (from {info.distribution}) failed to load: {type(exc).__name__}: {exc}") from exc
+    _bind_device_type(backend, info)
     if not isinstance(backend, Backend):
         raise PluginError(f"backend {name!r}: load() returned {type(backend).__name__}, which lacks the Backend protocol")
+    _check_claims(backend, info)
     return backend
+
+
+def _bind_device_type(backend: object, info: BackendInfo) -> None:
+    """The device type is stated once, in BackendInfo: give it to the loaded object."""
+    have = getattr(backend, "device_type", None)
+    if have is not None and have != info.device_type:
+        raise PluginError(
+            f"backend {info.name!r} (from {info.distribution}): its BackendInfo says device_type="
+            f"{info.device_type!r} but the loaded {type(backend).__name__} says {have!r}; state the device type "
+            "once, in BackendInfo.device_type (the manager sets it on the Backend object)")
+    try:
+        backend.device_type = info.device_type  # type: ignore[attr-defined]
+    except AttributeError as exc:
+        raise PluginError(f"backend {info.name!r}: cannot set device_type on {type(backend).__name__} ({exc}); "
+                          "subclass agoq_core.backend.BackendBase or leave device_type assignable") from None
+
+
+def _check_claims(backend: Backend, info: BackendInfo) -> None:
+    """A claimed optional op must be backed by its methods (not BackendBase's raising defaults)."""
+    try:
+        ops = backend.capabilities().ops
+    except Exception as exc:
+        raise PluginError(f"backend {info.name!r} (from {info.distribution}): capabilities() raised "
+                          f"{type(exc).__name__}: {exc}") from exc
+    missing = unimplemented_ops(backend, ops)
+    if missing:
+        detail = "; ".join(f"{op!r} needs {', '.join(ms)}" for op, ms in missing.items())
+        raise PluginError(
+            f"backend {info.name!r} (from {info.distribution}) claims ops it does not implement: {detail}. "
+            "Implement them (signatures: agoq_core.backend.protocol, docs/writing-a-backend.md) or drop the "
+            "claim from capabilities().ops")
 
 
 def reset() -> None:

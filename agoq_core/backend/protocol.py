@@ -3,6 +3,20 @@
 Kernel-level and small on purpose: codecs on flat, contiguous buffers (the core allocates, checks
 shapes/dtypes/devices and builds QuantizedTensor), byte collectives, and device services. Autograd,
 policies and protocols live in the core and call these; a backend never defines autograd.
+
+What the core may call is declared here, once:
+
+* :class:`Backend` — what every backend has: identity, ``capabilities()``, the two codecs, byte
+  collectives, device services.
+* One small protocol per optional operation (:data:`OPTIONAL_OPS` maps each op name a backend may claim
+  in ``Capabilities.ops`` to it): :class:`SupportsAccumulate`, :class:`SupportsReduceRequantize`,
+  :class:`SupportsGemmQuantEpilogue`, :class:`SupportsGemmDequantPrologue`. The core calls their methods
+  only after checking the claim (``agoq_core.api.check_supported``, ``laaq.fusion``); the manager refuses
+  to load a backend that claims an op without implementing it.
+
+:class:`BackendBase` implements the required part where torch can (collectives, device services) and
+every optional method with a default that raises :class:`~agoq_core.errors.CapabilityError` naming the
+backend. docs/writing-a-backend.md documents each signature and its semantics.
 """
 from __future__ import annotations
 
@@ -16,13 +30,19 @@ if TYPE_CHECKING:
     from agoq_core.backend.types import Capabilities
     from agoq_core.formats.spec import FormatSpec
 
-__all__ = ["Backend", "BackendBase"]
+__all__ = [
+    "Backend", "BackendBase",
+    "SupportsAccumulate", "SupportsReduceRequantize", "SupportsGemmQuantEpilogue", "SupportsGemmDequantPrologue",
+    "OPTIONAL_OPS", "unimplemented_ops",
+]
 
 
 @runtime_checkable
 class Backend(Protocol):
     name: str
     device_type: str
+    """The torch device type this backend's kernels run on. Declared once, in the plugin's
+    ``BackendInfo.device_type``; the manager sets it on the object when it loads the backend."""
     dist_backend: str
     """torch.distributed backend to use with this device ("gloo", "nccl", "hccl")."""
 
@@ -34,14 +54,6 @@ class Backend(Protocol):
 
     def dequantize_into(self, codes: torch.Tensor, scales: torch.Tensor, spec: "FormatSpec", out: torch.Tensor) -> None:
         """codes/scales of ``out.numel()`` elements -> out (flat; fp32, bf16 or fp16)."""
-
-    def accumulate_(self, codes: torch.Tensor, scales: torch.Tensor, spec: "FormatSpec", g: torch.Tensor) -> None:
-        """In place: (codes, scales) <- Q(D(codes, scales) + g) with the add in fp32. Op "accumulate"."""
-
-    def reduce_requantize_into(self, codes: torch.Tensor, scales: torch.Tensor, spec: "FormatSpec", numel: int,
-                               codes_out: torch.Tensor, scales_out: torch.Tensor) -> None:
-        """codes uint8[W, code_bytes], scales fp32[W, NB] -> Q(sum_r D(r)) summed in fp32 in rank
-        order. Op "reduce_requantize"."""
 
     # ---- collectives on byte views ------------------------------------------------------------------
     def all_to_all_bytes(self, output: torch.Tensor, input: torch.Tensor, *, group: Any = None,
@@ -63,6 +75,89 @@ class Backend(Protocol):
         ...
 
 
+# ---- optional operations: one protocol per op a backend may claim ----------------------------------------
+@runtime_checkable
+class SupportsAccumulate(Protocol):
+    """Op ``"accumulate"`` (QuanGrad's 8-bit gradient storage)."""
+
+    def accumulate_(self, codes: torch.Tensor, scales: torch.Tensor, spec: "FormatSpec", g: torch.Tensor) -> None:
+        """In place: (codes, scales) <- Q(D(codes, scales) + g), g flat [N] (fp32/bf16/fp16), the add in fp32."""
+
+
+@runtime_checkable
+class SupportsReduceRequantize(Protocol):
+    """Op ``"reduce_requantize"`` (QuanGrad's all-reduce, after the all-to-all)."""
+
+    def reduce_requantize_into(self, codes: torch.Tensor, scales: torch.Tensor, spec: "FormatSpec", numel: int,
+                               codes_out: torch.Tensor, scales_out: torch.Tensor) -> None:
+        """codes uint8[W, code_bytes(numel)], scales fp32[W, NB] -> codes_out, scales_out =
+        Q(((D_0 + D_1) + D_2) + ...), the sum in fp32 in rank order."""
+
+
+@runtime_checkable
+class SupportsGemmQuantEpilogue(Protocol):
+    """Op ``"gemm_quant_epilogue"`` (LAAQ kernel fusion, forward): a GEMM that also writes a quantized
+    copy of its output."""
+
+    def gemm_quant_epilogue_unsupported(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                                        spec: "FormatSpec") -> str | None:
+        """Why ``y = x @ weight.T + bias`` with y quantized in ``spec`` cannot run fused (None: it can).
+        x [M, K], weight [N, K], bias [N] or None. Must not launch anything."""
+
+    def gemm_quant_epilogue_into(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                                 spec: "FormatSpec", out: torch.Tensor, codes: torch.Tensor,
+                                 scales: torch.Tensor) -> None:
+        """out[M, N] = x @ weight.T + bias rounded once to x.dtype, and (codes, scales) = Q_spec(out
+        flattened), bit-exact with the reference quantizer applied to ``out``. out contiguous,
+        codes uint8[spec.code_bytes(M*N)], scales fp32[spec.num_blocks(M*N)]."""
+
+
+@runtime_checkable
+class SupportsGemmDequantPrologue(Protocol):
+    """Op ``"gemm_dequant_prologue"`` (LAAQ kernel fusion, backward): the weight-gradient GEMM that reads
+    a kept quantized operand."""
+
+    def gemm_dequant_prologue_unsupported(self, grad: torch.Tensor, spec: "FormatSpec", k: int,
+                                          mul: torch.Tensor | None = None) -> str | None:
+        """Why ``dW = grad.T @ (mul * D(X))`` cannot run fused (None: it can). grad [M, N], X [M, k] kept in
+        ``spec``, mul [M, k] or None. Must not launch anything."""
+
+    def gemm_dequant_prologue_into(self, grad: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+                                   spec: "FormatSpec", k: int, out: torch.Tensor,
+                                   mul: torch.Tensor | None = None) -> None:
+        """out[N, k] = grad[M, N].T @ B with B = D(codes, scales)[M, k] rounded to grad.dtype, or
+        B = round(mul * that) when ``mul`` is given; out contiguous, grad.dtype."""
+
+
+#: Every op a backend may claim beyond quantize/dequantize -> the protocol that declares its methods.
+OPTIONAL_OPS: dict[str, type] = {
+    "accumulate": SupportsAccumulate,
+    "reduce_requantize": SupportsReduceRequantize,
+    "gemm_quant_epilogue": SupportsGemmQuantEpilogue,
+    "gemm_dequant_prologue": SupportsGemmDequantPrologue,
+}
+
+
+def _protocol_methods(proto: type) -> list[str]:
+    return sorted(n for n, v in vars(proto).items() if callable(v) and not n.startswith("_"))
+
+
+def unimplemented_ops(backend: object, ops) -> dict[str, list[str]]:
+    """Claimed optional ops whose methods ``backend`` lacks or inherits from BackendBase's raising
+    defaults: op -> the missing method names (empty when every claim is backed by code)."""
+    missing: dict[str, list[str]] = {}
+    for op in sorted(ops):
+        proto = OPTIONAL_OPS.get(op)
+        if proto is None:
+            continue
+        gone = [m for m in _protocol_methods(proto)
+                if not callable(getattr(backend, m, None))
+                or getattr(type(backend), m, None) is getattr(BackendBase, m, object())]
+        if gone:
+            missing[op] = gone
+    return missing
+
+
 def _bytes_view(t: torch.Tensor) -> torch.Tensor:
     """View any contiguous tensor as flat uint8 (fp8 included: gloo/HCCL cannot move fp8 dtypes)."""
     if not t.is_contiguous():
@@ -72,19 +167,26 @@ def _bytes_view(t: torch.Tensor) -> torch.Tensor:
 
 class BackendBase:
     """Defaults shared by every backend: byte collectives through torch.distributed, device
-    services through torch's device-generic modules, and loud errors for unclaimed ops."""
+    services through torch's device-generic modules, and loud errors for every optional op that a
+    subclass does not implement."""
 
     name = "base"
-    device_type = "cpu"
+    device_type: str | None = None
+    """Set by the manager from ``BackendInfo.device_type`` when it loads the backend; do not declare it
+    again in the subclass (a backend built directly, e.g. in a test, is given it by assignment)."""
     dist_backend = "gloo"
 
     def capabilities(self) -> "Capabilities":  # pragma: no cover - abstract
         raise NotImplementedError
 
     def _unclaimed(self, op: str) -> CapabilityError:
+        try:
+            claimed = sorted(self.capabilities().ops)
+        except Exception:  # pragma: no cover - the error must not hide behind a broken capabilities()
+            claimed = ["?"]
         return CapabilityError(
-            f"backend {self.name!r} does not provide {op!r} (its capabilities: "
-            f"{sorted(self.capabilities().ops)}); choose a backend that does with AGOQ_BACKEND"
+            f"{op!r} is not supported by backend {self.name!r} (it provides {claimed}); choose a backend that "
+            "does with AGOQ_BACKEND"
         )
 
     def quantize_into(self, x, spec, codes, scales):  # pragma: no cover - abstract
@@ -93,11 +195,24 @@ class BackendBase:
     def dequantize_into(self, codes, scales, spec, out):  # pragma: no cover - abstract
         raise self._unclaimed("dequantize")
 
+    # ---- optional ops: SupportsAccumulate, SupportsReduceRequantize, SupportsGemm* -------------------
     def accumulate_(self, codes, scales, spec, g):
         raise self._unclaimed("accumulate")
 
     def reduce_requantize_into(self, codes, scales, spec, numel, codes_out, scales_out):
         raise self._unclaimed("reduce_requantize")
+
+    def gemm_quant_epilogue_unsupported(self, x, weight, bias, spec):
+        raise self._unclaimed("gemm_quant_epilogue")
+
+    def gemm_quant_epilogue_into(self, x, weight, bias, spec, out, codes, scales):
+        raise self._unclaimed("gemm_quant_epilogue")
+
+    def gemm_dequant_prologue_unsupported(self, grad, spec, k, mul=None):
+        raise self._unclaimed("gemm_dequant_prologue")
+
+    def gemm_dequant_prologue_into(self, grad, codes, scales, spec, k, out, mul=None):
+        raise self._unclaimed("gemm_dequant_prologue")
 
     # all-to-all / all-gather of raw bytes; payloads are equal-sized per rank by protocol.
     def all_to_all_bytes(self, output, input, *, group=None, async_op=False):
@@ -115,6 +230,11 @@ class BackendBase:
 
     def _device_module(self, device: torch.device | None):
         dev_type = device.type if device is not None else self.device_type
+        if dev_type is None:
+            raise RuntimeError(
+                f"backend {self.name!r} has no device type: it comes from its BackendInfo when "
+                f"agoq_core.backend.get_backend({self.name!r}) loads it; pass a device, or set device_type on a "
+                "backend built directly")
         if dev_type == "cpu":
             return None
         return torch.get_device_module(dev_type)

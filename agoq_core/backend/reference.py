@@ -17,7 +17,6 @@ __all__ = ["ReferenceBackend", "agoq_backends"]
 
 class ReferenceBackend(BackendBase):
     name = "reference"
-    device_type = "cpu"
     dist_backend = "gloo"
 
     def capabilities(self) -> Capabilities:
@@ -57,5 +56,5 @@ def _probe() -> Availability:
 def agoq_backends() -> list[BackendInfo]:
     return [BackendInfo(
         name="reference", device_type="cpu", probe=_probe, load=ReferenceBackend,
-        accelerator=False, priority=-100, distribution="agoq",
+        accelerator=False, distribution="agoq",
     )]

@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Availability", "BackendInfo", "Capabilities", "OPS", "COLLECTIVES"]
 
-#: Operations a backend may claim. Codecs are required; the rest are optional capabilities.
+#: Operations a backend may claim. Codecs are required; the rest are optional capabilities, each declared
+#: by a small protocol in agoq_core.backend.protocol (OPTIONAL_OPS) and documented in docs/writing-a-backend.md.
 OPS = frozenset({
     "quantize", "dequantize",            # required: every format the backend lists
     "accumulate",                        # QuanGrad: q <- Q(D(q) + g) in place, fused
@@ -50,12 +51,12 @@ class BackendInfo:
     name: str
     """Lower-case unique name; the value users put in AGOQ_BACKEND."""
     device_type: str
-    """torch device type the backend serves ("cuda", "npu", "cpu" ...)."""
+    """torch device type the backend's kernels run on ("cuda", "npu", "cpu" ...). The one place a plugin
+    states it: the manager sets it on the Backend object that ``load`` returns."""
     probe: Callable[[], Availability]
     load: Callable[[], "Backend"]
     accelerator: bool = True
     """Accelerator backends take part in auto-selection; non-accelerator ones only when named."""
-    priority: int = 0
     install_hint: str = ""
     """What to install or set when the probe fails (shown in errors and `agoq backends`)."""
     distribution: str = ""

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from agoq_core import api
-from agoq_core.backend import get_backend
+from agoq_core.backend import check_same_backend_across_ranks, get_backend
 from agoq_core.formats.spec import FormatSpec
 from agoq_core.quangrad import protocol as P
 from agoq_core.quangrad.config import resolve_spec
@@ -282,8 +282,9 @@ def all_reduce_(t: torch.Tensor, *, group: Any = None, fmt: str | FormatSpec = "
     """
     _check_tensor(t, "all_reduce_")
     spec = resolve_spec(fmt, block)
-    be = get_backend(backend)
     _, world = group_info(group)
+    check_same_backend_across_ranks(group, backend, once=True)
+    be = get_backend(backend)
     n = t.numel()
     if n == 0:
         return t
@@ -315,8 +316,9 @@ def reduce_scatter(t: torch.Tensor, *, group: Any = None, fmt: str | FormatSpec 
     rank r keeps chunk r (C = padded_numel / world_size elements) in fp32. ``t`` is not modified."""
     _check_tensor(t, "reduce_scatter")
     spec = resolve_spec(fmt, block)
-    be = get_backend(backend)
     rank, world = group_info(group)
+    check_same_backend_across_ranks(group, backend, once=True)
+    be = get_backend(backend)
     n = t.numel()
     if n == 0:
         return ReduceScatterResult(torch.empty(0, dtype=torch.float32, device=t.device), 0, 0, 0)

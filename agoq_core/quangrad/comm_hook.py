@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from agoq_core.backend import get_backend
+from agoq_core.backend import check_same_backend_across_ranks, get_backend
 from agoq_core.quangrad import protocol as P
 from agoq_core.quangrad.collective import QuanGradOp, group_info, ring_all_reduce_bytes
 from agoq_core.quangrad.config import DEFAULT_BLOCK, DEFAULT_MIN_COMPRESS_BYTES, resolve_spec
@@ -101,6 +101,7 @@ def register_comm_hook(ddp_model: torch.nn.parallel.DistributedDataParallel, *, 
     """Install ``quangrad_hook`` on a DDP model; returns the state (read its counters and summary())."""
     if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
         raise TypeError(f"register_comm_hook needs a DistributedDataParallel model, got {type(ddp_model).__name__}")
+    check_same_backend_across_ranks(ddp_model.process_group, backend)
     state = QuanGradHookState(fmt=fmt, block=block or DEFAULT_BLOCK,
                               min_compress_bytes=DEFAULT_MIN_COMPRESS_BYTES if min_compress_bytes is None
                               else min_compress_bytes,

@@ -34,7 +34,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from agoq_core import api
-from agoq_core.backend import get_backend
+from agoq_core.backend import check_same_backend_across_ranks, get_backend
 from agoq_core.errors import AgoqError
 from agoq_core.quangrad import protocol as P
 from agoq_core.quangrad.collective import QuanGradOp
@@ -326,6 +326,8 @@ def enable(model: nn.Module, *, threshold_bytes: int = DEFAULT_MIN_COMPRESS_BYTE
     if isinstance(threshold_bytes, bool) or not isinstance(threshold_bytes, int) or threshold_bytes < 0:
         raise ValueError(f"threshold_bytes must be an int >= 0 (0 compresses every bucket), got {threshold_bytes!r}")
     spec = resolve_spec(fmt, block)
+    if check_ranks and dist.is_available() and dist.is_initialized():
+        check_same_backend_across_ranks(None, backend)  # first: a rank on another backend must not strand the rest
     be = get_backend(backend)
     mods = [(n, m) for n, m in model.named_modules() if isinstance(m, FSDPModule)]
     if not mods:

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from agoq_core.api import check_supported
-from agoq_core.backend import get_backend
+from agoq_core.backend import check_same_backend_across_ranks, get_backend
 from agoq_core.errors import NonFiniteError
 from agoq_core.quangrad.collective import BucketOp, group_info, make_bucket_op
 from agoq_core.quangrad.config import QuanGradConfig
@@ -129,6 +129,8 @@ class QuanGradDDP(torch.nn.Module):
             self.rank, self.world_size = 0, 1  # single process: 8-bit storage, nothing to communicate
         else:
             self.rank, self.world_size = group_info(cfg.group)
+        if self.world_size > 1:  # first, so that a rank whose backend differs cannot strand the others
+            check_same_backend_across_ranks(cfg.group, cfg.backend)
         self.backend = get_backend(cfg.backend)
         spec = cfg.spec
 

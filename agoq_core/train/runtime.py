@@ -168,6 +168,14 @@ def init_runtime(cfg: TrainConfig, rank: int = 0, world: int = 1) -> Runtime:
                 port = os.environ.get("AGOQ_TRAIN_PORT") if world > 1 else str(free_port())
                 dist.init_process_group(**kwargs, rank=rank, world_size=world,
                                         init_method=f"tcp://127.0.0.1:{port}")
+        if world > 1:  # every rank must run the same agoq backend: one clear error on all ranks, not a hang
+            from agoq_core.backend import check_same_backend_across_ranks
+
+            try:
+                check_same_backend_across_ranks()
+            except BaseException:
+                dist.destroy_process_group()
+                raise
     return Runtime(rank=rank, world=world, local_rank=local_rank, device=device, dtype=dtype,
                    dist_backend=backend, threads_note=why)
 

@@ -38,7 +38,8 @@ def _entry(rank: int, fn: Callable, world: int, port: int, outdir: str, args: tu
         with open(os.path.join(outdir, f"rank{rank}.pkl"), "wb") as f:
             pickle.dump(result, f)
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():  # fn may have taken the group down itself (e.g. agoq train's runtime on error)
+            dist.destroy_process_group()
 
 
 def run_ranks(fn: Callable, world: int, *args: Any, threads: int = 1) -> list[Any]:

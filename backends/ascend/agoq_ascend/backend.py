@@ -24,9 +24,9 @@ from agoq_core.backend import BackendBase, Capabilities
 from agoq_core.errors import BackendUnavailableError
 from agoq_core.formats.spec import list_formats
 from agoq_ascend import device as npu_device
-from agoq_ascend import vendor
-from agoq_ascend.launch import Launcher, is_interpreted
-from agoq_ascend.planner import DeviceProps, max_block
+from agoq_ascend import plugin, vendor
+from agoq_ascend.geometry import DeviceProps, max_block
+from agoq_ascend.launch import is_interpreted, launcher
 from agoq_ascend.soc import INTERPRETER_SOC, SocInfo
 
 __all__ = ["AscendBackend", "INTERPRET_CORES_DEFAULT"]
@@ -65,18 +65,16 @@ class AscendBackend(BackendBase):
         self.interpreted = interpreted
         self.vendor_options = vendor_options
         self._npu = torch_npu
-        self.device_type = "cpu" if interpreted else "npu"
+        self.device_type = plugin.device_type(interpreted)  # what the plugin's BackendInfo declares
         self.dist_backend = "gloo" if interpreted else "hccl"
-        self.launcher = Launcher(props)
+        self.launcher = launcher(props)
         self._max_block = max_block(props)  # ~10 ms of planner arithmetic; capabilities() runs per call
 
     # ---- construction --------------------------------------------------------------------------------
     @classmethod
     def create(cls) -> "AscendBackend":
         """Build the backend for this process (the probe only looked at files; this checks for real)."""
-        from agoq_ascend.plugin import interpreter_requested
-
-        if interpreter_requested():
+        if plugin.interpreter_requested():
             if not is_interpreted():
                 raise BackendUnavailableError(
                     "AGOQ_ASCEND_INTERPRET=1 but the kernels were not decorated under TRITON_INTERPRET=1 (Triton "
@@ -99,7 +97,7 @@ class AscendBackend(BackendBase):
         fam = self.soc.family
         notes = [f"device: {self.soc.describe()}; {self.props.vector_cores} vector cores, UB {self.props.ub_bytes} bytes",
                  "Triton kernel bodies shared with agoq-cuda (agoq_triton_kernels), Ascend launch geometry "
-                 "(agoq_ascend.planner); written to be bit-exact with the reference, verified only in Triton's CPU "
+                 "(agoq_ascend.geometry); written to be bit-exact with the reference, verified only in Triton's CPU "
                  "interpreter: no NPU run is on record (agoq conformance run --backend ascend makes one)"]
         if fam in ("A2", "A3", "interpreter"):
             notes.append(f"{'Atlas ' + fam if fam != 'interpreter' else 'emulated A2'}: no FP8 units; fp8_e4m3/fp8_e5m2 "

@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from agoq_core.errors import BackendUnavailableError
-from agoq_ascend.planner import DeviceProps
+from agoq_ascend.geometry import DeviceProps
 from agoq_ascend.soc import SocInfo, classify
 
 __all__ = ["import_torch_npu", "query_device", "ub_override"]

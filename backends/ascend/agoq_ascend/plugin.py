@@ -17,7 +17,7 @@ import sys
 
 from agoq_core.backend import Availability, BackendInfo, hookimpl
 
-__all__ = ["agoq_backends", "interpreter_requested", "probe", "INSTALL_HINT"]
+__all__ = ["agoq_backends", "device_type", "interpreter_requested", "probe", "INSTALL_HINT"]
 
 INSTALL_HINT = ("on an Ascend machine (Atlas A2/A3 or Ascend 950): a venv with the CPU build of torch, the "
                 "torch-npu release matching it, triton-ascend (not triton) and CANN's set_env.sh sourced: "
@@ -30,6 +30,12 @@ _TRUE = ("1", "true", "on", "yes")
 def interpreter_requested() -> bool:
     """AGOQ_ASCEND_INTERPRET set to 1/true/on/yes."""
     return os.environ.get("AGOQ_ASCEND_INTERPRET", "").strip().lower() in _TRUE
+
+
+def device_type(interpreted: bool) -> str:
+    """The backend's device type, stated once: CPU tensors in interpreter mode, else NPU. BackendInfo
+    declares it; AscendBackend objects built outside the manager (tests) take it from here."""
+    return "cpu" if interpreted else "npu"
 
 
 def _triton_interpret() -> bool:
@@ -67,5 +73,5 @@ def agoq_backends() -> list[BackendInfo]:
     # Interpreter mode is not an accelerator: it serves CPU tensors and is only used when named
     # (AGOQ_BACKEND=ascend), so it never competes with a real device in auto-selection.
     interp = interpreter_requested()
-    return [BackendInfo(name="ascend", device_type="cpu" if interp else "npu", probe=probe, load=_load,
-                        accelerator=not interp, priority=10, install_hint=INSTALL_HINT)]
+    return [BackendInfo(name="ascend", device_type=device_type(interp), probe=probe, load=_load,
+                        accelerator=not interp, install_hint=INSTALL_HINT)]

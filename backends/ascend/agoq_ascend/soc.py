@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agoq_ascend.planner import UB_BYTES_950, UB_BYTES_A2
+from agoq_ascend.geometry import UB_BYTES_950, UB_BYTES_A2
 
 __all__ = ["SocInfo", "classify", "UnsupportedSocError", "INTERPRETER_SOC"]
 

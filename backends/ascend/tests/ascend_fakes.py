@@ -2,7 +2,7 @@
 asserting argument types, put in ``sys.modules`` only for the duration of a test.
 
 Only the boundary is faked (agoq_ascend.device, agoq_ascend.vendor and the backend's device services
-call it); everything behind it (planner, launchers, the interpreted kernels, the core) is real.
+call it); everything behind it (launch geometry, the launcher, the interpreted kernels, the core) is real.
 """
 from __future__ import annotations
 

@@ -35,8 +35,8 @@ def _fresh_selection(monkeypatch):
 def interp_backend():
     """The ascend backend in interpreter mode (A2 geometry, 3 fake vector cores), built directly."""
     from agoq_ascend.backend import AscendBackend
-    from agoq_ascend.launch import is_interpreted
-    from agoq_ascend.planner import DeviceProps
+    from agoq_triton_kernels.launch import is_interpreted
+    from agoq_ascend.geometry import DeviceProps
     from agoq_ascend.soc import INTERPRETER_SOC
 
     if not is_interpreted():

@@ -58,7 +58,7 @@ def _worker(rank: int, port: int, queue) -> None:
     try:
         dist.init_process_group("gloo", rank=rank, world_size=WORLD)
         from agoq_ascend.backend import AscendBackend
-        from agoq_ascend.planner import DeviceProps
+        from agoq_ascend.geometry import DeviceProps
         from agoq_ascend.soc import INTERPRETER_SOC
 
         be = AscendBackend(soc=INTERPRETER_SOC, props=DeviceProps(vector_cores=3), interpreted=True)

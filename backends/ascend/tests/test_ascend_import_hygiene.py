@@ -1,4 +1,4 @@
-"""Importing the plugin (discovery, probing, listing backends, the planner) pulls in neither torch_npu
+"""Importing the plugin (discovery, probing, listing backends, the launch geometry) pulls in neither torch_npu
 nor triton; only selecting and loading the backend does."""
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ _HEAVY = "[m for m in sys.modules if m.split('.')[0] in ('torch_npu', 'triton', 
 def test_discovery_and_probe_import_neither_torch_npu_nor_triton():
     out = _run(f"""
         import sys
-        import agoq_ascend, agoq_ascend.plugin, agoq_ascend.planner, agoq_ascend.environment, agoq_ascend.soc
+        import agoq_ascend, agoq_ascend.plugin, agoq_ascend.geometry, agoq_ascend.environment, agoq_ascend.soc
         from agoq_core.backend import list_backends
         rows = {{r["name"]: r for r in list_backends()["backends"]}}
         assert "ascend" in rows and not rows["ascend"]["available"], rows.get("ascend")

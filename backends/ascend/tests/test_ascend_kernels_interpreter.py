@@ -13,8 +13,8 @@ import torch
 
 from agoq_core.formats import reference as ref
 from agoq_core.formats.spec import get_format, list_formats
-from agoq_ascend import launch as L
-from agoq_ascend.planner import MIN_LANES
+from agoq_triton_kernels import launch as L
+from agoq_ascend.geometry import MIN_LANES
 
 FORMATS = [s.name for s in list_formats()]
 
@@ -118,7 +118,7 @@ def test_nf4_decodes_with_the_select_tree_not_the_table(interp_backend, monkeypa
     spec = get_format("nf4")
     x = _input(300, 3)
     wc, ws = ref.quantize_blocks(x, spec)
-    monkeypatch.setattr(L, "_nf4_lut", lambda device: torch.full((16,), float("nan")))
+    monkeypatch.setattr(L, "nf4_lut", lambda device: torch.full((16,), float("nan")))
     out = torch.empty(300)
     interp_backend.launcher.dequantize(wc, ws, spec, out)
     want = ref.dequantize_blocks(wc, ws, spec, 300, torch.float32)
@@ -131,7 +131,7 @@ def test_segments_cover_huge_tensors_in_int32_safe_pieces():
     for fmt, block in (("int5", 128), ("fp8_e4m3", 256), ("int4", 24)):
         spec = get_format(fmt, block)
         n = 2 * MAX_CHUNK_ELEMENTS + 3 * block + 5
-        segs = list(L._segments(spec, n))
+        segs = list(L.segments(spec, n))
         assert sum(m for _, m, _, _, _ in segs) == n
         pos = 0
         for off, m, boff, soff, ragged in segs:
@@ -142,7 +142,7 @@ def test_segments_cover_huge_tensors_in_int32_safe_pieces():
         assert segs[-1][4] and segs[-1][1] == n % block != 0
 
 
-def test_last_plans_follow_the_planner(interp_backend):
+def test_last_plans_follow_the_geometry(interp_backend):
     spec = get_format("int4")
     n = 128 * 40 + 7
     x = _input(n, 4)

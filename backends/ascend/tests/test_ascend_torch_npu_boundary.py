@@ -17,7 +17,7 @@ from agoq_core.formats.spec import get_format
 from agoq_ascend import device as npu_device
 from agoq_ascend import vendor
 from agoq_ascend.backend import AscendBackend
-from agoq_ascend.planner import UB_BYTES_950, UB_BYTES_A2, max_block, plan_launch
+from agoq_ascend.geometry import UB_BYTES_950, UB_BYTES_A2, max_block, plan_launch
 
 
 @pytest.fixture
@@ -168,7 +168,7 @@ def test_vendor_ops_are_off_by_default_and_declare_deviations_when_on(fake_npu, 
 
 
 def test_vendor_ops_cannot_run_in_interpreter_mode():
-    from agoq_ascend.planner import DeviceProps
+    from agoq_ascend.geometry import DeviceProps
     from agoq_ascend.soc import INTERPRETER_SOC
 
     with pytest.raises(BackendUnavailableError, match="needs torch_npu on an NPU"):

@@ -11,7 +11,7 @@ import torch
 from agoq_core.backend import BackendBase, Capabilities
 from agoq_core.errors import BackendUnavailableError
 from agoq_core.formats.spec import list_formats
-from agoq_cuda import launch
+from agoq_cuda import launch, plugin
 from agoq_triton_kernels.layout import MAX_BLOCK
 
 __all__ = ["CudaBackend"]
@@ -25,16 +25,14 @@ class CudaBackend(BackendBase):
 
     def __init__(self, *, interpreted: bool):
         self.interpreted = interpreted
-        self.device_type = "cpu" if interpreted else "cuda"
+        self.device_type = plugin.device_type(interpreted)  # what the plugin's BackendInfo declares
         self.dist_backend = "gloo" if interpreted else "nccl"
 
     @classmethod
     def create(cls) -> "CudaBackend":
         """Check the runtime for real (the probe only looked at files) and build the backend."""
-        from agoq_cuda.plugin import interpreter_requested
-
         interpreted = launch.is_interpreted()
-        if interpreted != interpreter_requested():
+        if interpreted != plugin.interpreter_requested():
             raise BackendUnavailableError(
                 "TRITON_INTERPRET changed after the agoq kernels were imported (Triton fixes interpreter mode "
                 "when a kernel is decorated); set it before importing agoq_cuda, e.g. in the environment")

@@ -1,11 +1,11 @@
-"""Launchers: buffers -> kernel arguments and launch geometry for CUDA (and Triton's interpreter).
+"""CUDA launch geometry for the shared codec launcher (agoq_triton_kernels.launch), and the launchers
+bound to it.
 
 Every launcher takes keyword overrides for tests and tuning: ``rows`` (blocks per tile), ``programs``
 (grid size) and ``hw`` (False runs the portable integer/div_rn kernel variant on a GPU).
 
-The kernel bodies live in agoq_triton_kernels; everything device-specific is here: tile rows, grid
-size, warps, chunking of tensors above 2**30 elements, and how tensors are viewed (codes as int8,
-bf16 as int16).
+The kernel bodies and the host launcher live in agoq_triton_kernels; what is CUDA here: tile rows, grid
+size, warps, and whether the device may use hardware conversions (HW=True, sm_89+).
 """
 from __future__ import annotations
 
@@ -14,24 +14,11 @@ from dataclasses import dataclass
 
 import torch
 
-from agoq_core.formats.spec import FormatSpec
-from agoq_triton_kernels import kernels as K
-from agoq_triton_kernels.buffers import check_codec_buffers as _check
-from agoq_triton_kernels.buffers import float_view
-from agoq_triton_kernels.codes import NF4_LEVELS_KERNEL
-from agoq_triton_kernels.layout import (
-    MAX_BLOCK, MAX_CHUNK_ELEMENTS, encode_lut, format_constexprs,
-)
+from agoq_triton_kernels.launch import Launch, Launcher, is_interpreted
+from agoq_triton_kernels.layout import next_pow2
 
-__all__ = ["Geometry", "geometry", "quantize", "dequantize", "accumulate", "reduce_requantize", "is_interpreted"]
-
-
-
-def is_interpreted() -> bool:
-    """Whether the kernels were decorated under TRITON_INTERPRET (decided once, at import)."""
-    from triton.runtime.interpreter import InterpretedFunction
-
-    return isinstance(K.quantize_kernel, InterpretedFunction)
+__all__ = ["Geometry", "geometry", "CudaGeometry", "LAUNCHER", "quantize", "dequantize", "accumulate",
+           "reduce_requantize", "is_interpreted"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,131 +66,33 @@ def _hw_conversions(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 9)
 
 
-def _hw(hw: bool | None, device: torch.device) -> bool:
-    """The HW constexpr: the device default, or False on request (tests run the portable path on a GPU)."""
-    if hw is None:
-        return _hw_conversions(device)
-    if hw and not _hw_conversions(device):
-        raise ValueError(f"hw=True needs a CUDA device of compute capability >= 8.9, got {device}")
-    return bool(hw)
+class CudaGeometry:
+    """The LaunchGeometry of agoq-cuda: tiles of whole blocks sized in lanes, persistent programs."""
+
+    who = "agoq-cuda"
+    nf4_lut = True  # one gather per element beats the 15-threshold search on sm_90 (agoq_triton_kernels.kernels)
+    float64_via_float32 = True
+
+    def hw(self, device: torch.device, requested: bool | None) -> bool:
+        """The device default, or False on request (tests run the portable path on a GPU)."""
+        if requested is None:
+            return _hw_conversions(device)
+        if requested and not _hw_conversions(device):
+            raise ValueError(f"hw=True needs a CUDA device of compute capability >= 8.9, got {device}")
+        return bool(requested)
+
+    def plan(self, op: str, spec, numel: int, io_dtype: torch.dtype, device: torch.device, *,
+             rows: int | None, programs: int | None) -> Launch:
+        block_p = next_pow2(spec.block)
+        nb = spec.num_blocks(numel)
+        lanes = _GPU_TILE_LANES_5BIT_QUANTIZE if op == "quantize" and spec.bits == 5 else _GPU_TILE_LANES
+        geo = geometry(block_p, nb, device, rows=rows, programs=programs, lanes=lanes)
+        return Launch(grid=geo.programs, rows=geo.rows, block_p=block_p, n_tiles=-(-nb // geo.rows),
+                      options={"num_warps": geo.num_warps}, plan=geo)
 
 
-@functools.cache
-def _nf4_lut(device: torch.device) -> torch.Tensor:
-    return torch.tensor(NF4_LEVELS_KERNEL, dtype=torch.float32, device=device)
-
-
-@functools.cache
-def _encode_lut(kind: str, device: torch.device) -> torch.Tensor:
-    return torch.tensor(encode_lut(kind), dtype=torch.int64, device=device)
-
-
-def _consts(spec: FormatSpec) -> dict:
-    if spec.block > MAX_BLOCK:
-        raise ValueError(f"agoq-cuda kernels take blocks up to {MAX_BLOCK}, got {spec.name} block={spec.block}")
-    return format_constexprs(kind=spec.kind, bits=spec.bits, block=spec.block, qmax=spec.qmax)
-
-
-def _segments(spec: FormatSpec, n: int):
-    """Pieces of one tensor, each one launch: runs of whole blocks (<= 2**30 elements) with RAGGED=False,
-    then the last, partial block (if any) with RAGGED=True.
-
-    Yields (element offset, elements, code-byte offset, block offset, ragged)."""
-    full = n // spec.block * spec.block
-    step = max(spec.block, MAX_CHUNK_ELEMENTS // spec.block * spec.block)
-    for off in range(0, full, step):
-        yield off, min(step, full - off), off // spec.block * (spec.block * spec.bits // 8), off // spec.block, False
-    if full < n:
-        yield full, n - full, full // spec.block * (spec.block * spec.bits // 8), full // spec.block, True
-
-
-def _launch(kernel, geo: Geometry, args: tuple, **constexprs) -> None:
-    # enable_fp_fusion=False: decode(c) * s + g must round twice like the reference, never as one FMA.
-    kernel[(geo.programs,)](*args, **constexprs, num_warps=geo.num_warps, enable_fp_fusion=False)
-
-
-def quantize(x: torch.Tensor, spec: FormatSpec, codes: torch.Tensor, scales: torch.Tensor, *,
-             rows: int | None = None, programs: int | None = None, hw: bool | None = None) -> None:
-    """x flat [N] -> codes uint8[code_bytes(N)], scales fp32[NB]. float64 is rounded to fp32 by torch first
-    (the reference does the same)."""
-    n = x.numel()
-    _check(spec, n, codes, scales, x.device, "quantize")
-    if x.dtype == torch.float64:
-        x = x.to(torch.float32)
-    xv, xk = float_view(x.reshape(-1), "quantize", "agoq-cuda")
-    c = _consts(spec)
-    cv = codes.view(torch.int8)
-    elut = _encode_lut(spec.kind, x.device)
-    for off, m, boff, soff, ragged in _segments(spec, n):
-        nb = spec.num_blocks(m)
-        geo = geometry(c["BLOCK_P"], nb, x.device, rows=rows, programs=programs,
-                       lanes=_GPU_TILE_LANES_5BIT_QUANTIZE if spec.bits == 5 else _GPU_TILE_LANES)
-        _launch(K.quantize_kernel, geo,
-                (xv[off:off + m], cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], m, nb,
-                 -(-nb // geo.rows)), **c, ROWS=geo.rows, RAGGED=ragged, X_FLOAT=xk, elut_ptr=elut, NF4_LUT=True,
-                HW=_hw(hw, x.device))
-
-
-def dequantize(codes: torch.Tensor, scales: torch.Tensor, spec: FormatSpec, out: torch.Tensor, *,
-               rows: int | None = None, programs: int | None = None, hw: bool | None = None) -> None:
-    """codes + scales -> out flat [N] (fp32, bf16 or fp16)."""
-    n = out.numel()
-    _check(spec, n, codes, scales, out.device, "dequantize")
-    ov, ok = float_view(out.reshape(-1), "dequantize", "agoq-cuda")
-    c = _consts(spec)
-    cv = codes.view(torch.int8)
-    lut = _nf4_lut(out.device)
-    for off, m, boff, soff, ragged in _segments(spec, n):
-        nb = spec.num_blocks(m)
-        geo = geometry(c["BLOCK_P"], nb, out.device, rows=rows, programs=programs)
-        _launch(K.dequantize_kernel, geo,
-                (cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], lut, ov[off:off + m], m, nb,
-                 -(-nb // geo.rows)), **c, ROWS=geo.rows, RAGGED=ragged, OUT_FLOAT=ok, NF4_LUT=True,
-                HW=_hw(hw, out.device))
-
-
-def accumulate(codes: torch.Tensor, scales: torch.Tensor, spec: FormatSpec, g: torch.Tensor, *,
-               rows: int | None = None, programs: int | None = None, hw: bool | None = None) -> None:
-    """In place: (codes, scales) <- Q(D(codes, scales) + g), g flat [N] (fp32, bf16, fp16; fp64 via fp32)."""
-    n = g.numel()
-    _check(spec, n, codes, scales, g.device, "accumulate_")
-    if g.dtype == torch.float64:
-        g = g.to(torch.float32)
-    gv, gk = float_view(g.reshape(-1), "accumulate_", "agoq-cuda")
-    c = _consts(spec)
-    cv = codes.view(torch.int8)
-    lut = _nf4_lut(g.device)
-    elut = _encode_lut(spec.kind, g.device)
-    for off, m, boff, soff, ragged in _segments(spec, n):
-        nb = spec.num_blocks(m)
-        geo = geometry(c["BLOCK_P"], nb, g.device, rows=rows, programs=programs)
-        _launch(K.accumulate_kernel, geo,
-                (cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], lut, gv[off:off + m], m, nb,
-                 -(-nb // geo.rows)), **c, ROWS=geo.rows, RAGGED=ragged, G_FLOAT=gk, NF4_LUT=True, elut_ptr=elut,
-                HW=_hw(hw, g.device))
-
-
-def reduce_requantize(codes: torch.Tensor, scales: torch.Tensor, spec: FormatSpec, numel: int,
-                      codes_out: torch.Tensor, scales_out: torch.Tensor, *, rows: int | None = None,
-                      programs: int | None = None, hw: bool | None = None) -> None:
-    """codes uint8[W, code_bytes], scales fp32[W, NB] -> Q(sum_r D_r) into codes_out, scales_out."""
-    if codes.dim() != 2 or scales.dim() != 2 or codes.shape[0] != scales.shape[0] or codes.shape[0] < 1:
-        raise ValueError(f"reduce_requantize: want codes[W, B] and scales[W, NB] with W >= 1, got "
-                         f"{tuple(codes.shape)} and {tuple(scales.shape)}")
-    n, w = numel, codes.shape[0]
-    _check(spec, n, codes_out, scales_out, codes.device, "reduce_requantize")
-    _check(spec, n, codes[0], scales[0], codes.device, "reduce_requantize (input row)")
-    if codes.stride(1) != 1 or scales.stride(1) != 1:
-        raise ValueError("reduce_requantize: rows of codes and scales must be contiguous")
-    c = _consts(spec)
-    cv, cov = codes.view(torch.int8), codes_out.view(torch.int8)
-    lut = _nf4_lut(codes.device)
-    elut = _encode_lut(spec.kind, codes.device)
-    for off, m, boff, soff, ragged in _segments(spec, n):
-        nb = spec.num_blocks(m)
-        cb = spec.code_bytes(m)
-        geo = geometry(c["BLOCK_P"], nb, codes.device, rows=rows, programs=programs)
-        _launch(K.reduce_requantize_kernel, geo,
-                (cv[:, boff:boff + cb], scales[:, soff:soff + nb], lut, cov[boff:boff + cb],
-                 scales_out[soff:soff + nb], m, nb, -(-nb // geo.rows), w, codes.stride(0), scales.stride(0)),
-                **c, ROWS=geo.rows, RAGGED=ragged, NF4_LUT=True, HW=_hw(hw, codes.device), elut_ptr=elut)
+LAUNCHER = Launcher(CudaGeometry())
+quantize = LAUNCHER.quantize
+dequantize = LAUNCHER.dequantize
+accumulate = LAUNCHER.accumulate
+reduce_requantize = LAUNCHER.reduce_requantize

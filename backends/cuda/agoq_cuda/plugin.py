@@ -21,7 +21,7 @@ import os
 
 from agoq_core.backend import Availability, BackendInfo, hookimpl
 
-__all__ = ["agoq_backends", "interpreter_requested", "probe"]
+__all__ = ["agoq_backends", "device_type", "interpreter_requested", "probe"]
 
 INSTALL_HINT = ("pip install agoq-cuda (brings triton) on a machine with an NVIDIA GPU and a CUDA build of "
                 "torch; on a CPU-only machine set TRITON_INTERPRET=1 to run the kernels in Triton's interpreter")
@@ -30,6 +30,12 @@ INSTALL_HINT = ("pip install agoq-cuda (brings triton) on a machine with an NVID
 def interpreter_requested() -> bool:
     """TRITON_INTERPRET as Triton parses it (``1``/``true``/``on``, any case)."""
     return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on")
+
+
+def device_type(interpreted: bool) -> str:
+    """The backend's device type, stated once: CPU tensors in interpreter mode, else CUDA. BackendInfo
+    declares it; CudaBackend objects built outside the manager (tests, benchmarks) take it from here."""
+    return "cpu" if interpreted else "cuda"
 
 
 def _visible_devices_hidden() -> bool:
@@ -66,5 +72,5 @@ def agoq_backends() -> list[BackendInfo]:
     # no part in auto-selection (accelerator=False), so exporting TRITON_INTERPRET=1 for a test run does
     # not silently move every auto-selecting caller from the reference onto the (slow) interpreter.
     interp = interpreter_requested()
-    return [BackendInfo(name="cuda", device_type="cpu" if interp else "cuda", probe=probe, load=_load,
-                        accelerator=not interp, priority=10, install_hint=INSTALL_HINT)]
+    return [BackendInfo(name="cuda", device_type=device_type(interp), probe=probe, load=_load,
+                        accelerator=not interp, install_hint=INSTALL_HINT)]

@@ -74,7 +74,7 @@ def test_launcher_checks_its_buffers(device):
         launch.quantize(x.to(torch.int32), spec, codes, scales)
     with pytest.raises(ValueError, match="want codes\\[W, B\\]"):
         launch.reduce_requantize(codes, scales, spec, 100, codes, scales)
-    with pytest.raises(ValueError, match="blocks up to"):
+    with pytest.raises(ValueError, match="larger than the kernels' maximum"):
         launch.quantize(x, spec.with_block(MAX_BLOCK + 8), codes, scales)
 
 

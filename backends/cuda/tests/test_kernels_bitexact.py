@@ -161,7 +161,9 @@ def test_reduce_sums_in_rank_order(device):
 def test_chunking_of_huge_tensors(fmt, device, monkeypatch):
     """Tensors above 2**30 elements are cut into whole-block chunks; shrink the limit to check it."""
     spec = get_format(fmt, 24)
-    monkeypatch.setattr(launch, "MAX_CHUNK_ELEMENTS", 5 * 24 + 7)  # -> chunks of 5 blocks
+    from agoq_triton_kernels import launch as shared
+
+    monkeypatch.setattr(shared, "MAX_CHUNK_ELEMENTS", 5 * 24 + 7)  # -> chunks of 5 blocks
     g = torch.Generator().manual_seed(5)
     n = 17 * 24 + 11
     x = torch.randn(n, generator=g)

@@ -34,7 +34,8 @@ from agoq_triton_kernels.codes import (
     f32_to_bf16_bits, zero_code,
 )
 
-__all__ = ["quantize_kernel", "dequantize_kernel", "accumulate_kernel", "reduce_requantize_kernel"]
+__all__ = ["quantize_kernel", "dequantize_kernel", "accumulate_kernel", "reduce_requantize_kernel",
+           "quantize_tile", "store_codes", "load_codes", "dequantize_tile"]
 
 
 # ---- loads and stores of float tiles --------------------------------------------------------------------
@@ -71,16 +72,17 @@ def _tile(t, n, n_blocks, ROWS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.c
         emask = (rows[:, None] < n_blocks) & (cols[None, :] >= 0)
     else:
         emask = (cols[None, :] < BLOCK) & (rows[:, None] < n_blocks)
-    return rows, elem, emask
+    return rows, rows < n_blocks, elem, emask
 
 
 @triton.jit
-def _group_mask(rows, k, n, n_blocks, G: tl.constexpr, BLOCK: tl.constexpr, RAGGED: tl.constexpr):
-    """Pack group k of each row is stored iff it exists (k < BLOCK / G) and its first element is < n."""
+def _group_mask(rows, row_ok, k, n, G: tl.constexpr, BLOCK: tl.constexpr, RAGGED: tl.constexpr):
+    """Pack group k of each row is stored iff it exists (k < BLOCK / G) and its row is valid (row_ok), or,
+    in a ragged launch, its first element is < n."""
     if RAGGED:
         return (k < BLOCK // G) & (rows[:, None] * BLOCK + G * k < n)
     else:
-        return (k < BLOCK // G) & (rows[:, None] < n_blocks)
+        return (k < BLOCK // G) & row_ok[:, None]
 
 
 # ---- the block quantizer on a register tile -------------------------------------------------------------
@@ -126,9 +128,13 @@ def _encode_tile(v, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.c
 
 
 @triton.jit
-def _quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr, HW: tl.constexpr,
-                   LUT: tl.constexpr):
+def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr, HW: tl.constexpr,
+                  LUT: tl.constexpr, FAST_DIV: tl.constexpr):
     """x: fp32 [ROWS, BLOCK_P] (masked lanes hold 0) -> (codes int32 [ROWS, BLOCK_P], scales fp32 [ROWS]).
+
+    The one block quantizer of the Triton backends: the codec kernels (FAST_DIV = HW) and agoq-cuda's
+    fused GEMM epilogue (whole blocks per row, FAST_DIV on a GPU with HW=False encodes) call it.
+    HW: hardware fp8 encodes (CUDA sm_89+); FAST_DIV: the FMA-based quotient of _scaled_quotient.
 
     Contract steps: flush |x| < 2**-126 (exponent bits), per-block non-finite flag and absmax,
     scale = absmax / qmax correctly rounded (< 2**-126 -> 0), v = x / scale correctly rounded, encode;
@@ -145,8 +151,8 @@ def _quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl
     scale = tl.math.div_rn(amax, QMAX)
     scale = tl.where((scale.to(tl.int32, bitcast=True) & _EXP_MASK) == 0, 0.0, scale)
     xf = tl.where(a < _MIN_NORMAL_BITS, 0.0, x)
-    v = _scaled_quotient(xf, scale, HW)
-    if HW:
+    v = _scaled_quotient(xf, scale, FAST_DIV)
+    if FAST_DIV:
         if KIND >= 3:  # fp8 keeps the sign of a tiny quotient: take it from x (exact: sign(x/s) = sign(x))
             v = ((v.to(tl.int32, bitcast=True) & _ABS_MASK)
                  | (xf.to(tl.int32, bitcast=True) & _SIGN)).to(tl.float32, bitcast=True)
@@ -156,18 +162,22 @@ def _quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl
     return codes, scale
 
 
-# ---- packing ------------------------------------------------------------------------------------------
+# ---- packing (the one copy: the codec kernels here and agoq-cuda's fused GEMMs call these) -----------------
 @triton.jit
-def _store_codes(codes_ptr, c, rows, elem, emask, n, n_blocks, ROWS: tl.constexpr, BITS: tl.constexpr,
-                 BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, RAGGED: tl.constexpr):
-    """Pack int32 codes [ROWS, BLOCK_P] into the byte stream (int8 view). A pack group is stored iff
-    its first element is < n: exactly spec.code_bytes(n) bytes, the tail padded with encode(0)."""
+def store_codes(codes_ptr, c, rows, row_ok, elem, emask, n, ROWS: tl.constexpr, BITS: tl.constexpr,
+                BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, RAGGED: tl.constexpr):
+    """Pack int32 codes [ROWS, BLOCK_P] (row r = block ``rows[r]``) into the byte stream (int8 view),
+    little-endian within pack groups (docs/formats.md §5). ``elem``/``emask``: element offsets and mask
+    of the tile (8-bit codes are stored element-wise). A pack group is stored iff its row is valid
+    (``row_ok``) or, with RAGGED, iff its first element is < n: exactly spec.code_bytes(n) bytes, the
+    tail padded with encode(0). Rows need not be consecutive (the fused GEMMs pass the global block
+    indices of a GEMM tile, with BLOCK_P == BLOCK and RAGGED=False)."""
     if BITS == 8:
         tl.store(codes_ptr + elem, c.to(tl.int8), mask=emask)
     elif BITS == 4:
         lo, hi = tl.split(tl.reshape(c, (ROWS, BLOCK_P // 2, 2)))
         k = tl.arange(0, BLOCK_P // 2)[None, :]
-        m = _group_mask(rows, k, n, n_blocks, 2, BLOCK, RAGGED)
+        m = _group_mask(rows, row_ok, k, n, 2, BLOCK, RAGGED)
         tl.store(codes_ptr + rows[:, None] * (BLOCK // 2) + k, (lo | (hi << 4)).to(tl.int8), mask=m)
     elif BITS == 6:
         a, b = tl.split(tl.reshape(c, (ROWS, BLOCK_P // 4, 2, 2)))  # a: codes 0, 2; b: codes 1, 3
@@ -175,7 +185,7 @@ def _store_codes(codes_ptr, c, rows, elem, emask, n, n_blocks, ROWS: tl.constexp
         c1, c3 = tl.split(b)
         word = c0 | (c1 << 6) | (c2 << 12) | (c3 << 18)
         k = tl.arange(0, BLOCK_P // 4)[None, :]
-        m = _group_mask(rows, k, n, n_blocks, 4, BLOCK, RAGGED)
+        m = _group_mask(rows, row_ok, k, n, 4, BLOCK, RAGGED)
         base = codes_ptr + rows[:, None] * (BLOCK // 4 * 3) + 3 * k
         tl.store(base, word.to(tl.int8), mask=m)
         tl.store(base + 1, (word >> 8).to(tl.int8), mask=m)
@@ -191,7 +201,7 @@ def _store_codes(codes_ptr, c, rows, elem, emask, n, n_blocks, ROWS: tl.constexp
         lo = c0 | (c1 << 5) | (c2 << 10) | (c3 << 15)
         hi = c4 | (c5 << 5) | (c6 << 10) | (c7 << 15)
         k = tl.arange(0, BLOCK_P // 8)[None, :]
-        m = _group_mask(rows, k, n, n_blocks, 8, BLOCK, RAGGED)
+        m = _group_mask(rows, row_ok, k, n, 8, BLOCK, RAGGED)
         base = codes_ptr + rows[:, None] * (BLOCK // 8 * 5) + 5 * k
         tl.store(base, lo.to(tl.int8), mask=m)
         tl.store(base + 1, (lo >> 8).to(tl.int8), mask=m)
@@ -206,19 +216,19 @@ def _load_byte(ptr, mask):
 
 
 @triton.jit
-def _load_codes(codes_ptr, rows, elem, emask, n, n_blocks, ROWS: tl.constexpr, BITS: tl.constexpr,
-                BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, RAGGED: tl.constexpr):
-    """Inverse of _store_codes: int32 codes [ROWS, BLOCK_P] (masked lanes are 0)."""
+def load_codes(codes_ptr, rows, row_ok, elem, emask, n, ROWS: tl.constexpr, BITS: tl.constexpr,
+               BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, RAGGED: tl.constexpr):
+    """Inverse of store_codes: int32 codes [ROWS, BLOCK_P] (masked lanes and invalid rows read 0)."""
     if BITS == 8:
         return _load_byte(codes_ptr + elem, emask)
     elif BITS == 4:
         k = tl.arange(0, BLOCK_P // 2)[None, :]
-        m = _group_mask(rows, k, n, n_blocks, 2, BLOCK, RAGGED)
+        m = _group_mask(rows, row_ok, k, n, 2, BLOCK, RAGGED)
         byte = _load_byte(codes_ptr + rows[:, None] * (BLOCK // 2) + k, m)
         return tl.reshape(tl.join(byte & 0xF, byte >> 4), (ROWS, BLOCK_P))
     elif BITS == 6:
         k = tl.arange(0, BLOCK_P // 4)[None, :]
-        m = _group_mask(rows, k, n, n_blocks, 4, BLOCK, RAGGED)
+        m = _group_mask(rows, row_ok, k, n, 4, BLOCK, RAGGED)
         base = codes_ptr + rows[:, None] * (BLOCK // 4 * 3) + 3 * k
         word = _load_byte(base, m) | (_load_byte(base + 1, m) << 8) | (_load_byte(base + 2, m) << 16)
         c0 = word & 63
@@ -228,7 +238,7 @@ def _load_codes(codes_ptr, rows, elem, emask, n, n_blocks, ROWS: tl.constexpr, B
         return tl.reshape(tl.join(tl.join(c0, c2), tl.join(c1, c3)), (ROWS, BLOCK_P))
     else:
         k = tl.arange(0, BLOCK_P // 8)[None, :]
-        m = _group_mask(rows, k, n, n_blocks, 8, BLOCK, RAGGED)
+        m = _group_mask(rows, row_ok, k, n, 8, BLOCK, RAGGED)
         base = codes_ptr + rows[:, None] * (BLOCK // 8 * 5) + 5 * k
         b2 = _load_byte(base + 2, m)
         lo = _load_byte(base, m) | (_load_byte(base + 1, m) << 8) | ((b2 & 0xF) << 16)
@@ -247,12 +257,13 @@ def _load_codes(codes_ptr, rows, elem, emask, n, n_blocks, ROWS: tl.constexpr, B
 
 
 @triton.jit
-def _dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, elem, emask, n, n_blocks, ROWS: tl.constexpr,
-                     KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
-                     NF4_LUT: tl.constexpr, RAGGED: tl.constexpr, HW: tl.constexpr):
-    """fp32 decode(code) * scale for a tile (one rounding: a plain fp32 multiply)."""
-    c = _load_codes(codes_ptr, rows, elem, emask, n, n_blocks, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
-    s = tl.load(scales_ptr + rows, mask=rows < n_blocks, other=0.0)
+def dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, row_ok, elem, emask, n, ROWS: tl.constexpr,
+                    KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
+                    NF4_LUT: tl.constexpr, RAGGED: tl.constexpr, HW: tl.constexpr):
+    """fp32 decode(code) * scale for a tile (one rounding: a plain fp32 multiply). Invalid rows
+    (``row_ok`` False) read scale 0, so they are exact zeros."""
+    c = load_codes(codes_ptr, rows, row_ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
+    s = tl.load(scales_ptr + rows, mask=row_ok, other=0.0)
     return decode(c, lut_ptr, KIND, BITS, NF4_LUT, HW) * s[:, None]
 
 
@@ -271,11 +282,11 @@ def quantize_kernel(x_ptr, codes_ptr, scales_ptr, n, n_blocks, n_tiles,
     """x (n elements; fp32/fp16, or bf16 as int16) -> codes (int8 view of the uint8 buffer), scales fp32."""
     t = tl.program_id(0)
     while t < n_tiles:
-        rows, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
+        rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
         x = _load_f32(x_ptr, elem, emask, X_FLOAT)
-        codes, scale = _quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None)
-        _store_codes(codes_ptr, codes, rows, elem, emask, n, n_blocks, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
-        tl.store(scales_ptr + rows, scale, mask=rows < n_blocks)
+        codes, scale = quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None, HW)
+        store_codes(codes_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
+        tl.store(scales_ptr + rows, scale, mask=ok)
         t += tl.num_programs(0)
 
 
@@ -287,9 +298,9 @@ def dequantize_kernel(codes_ptr, scales_ptr, lut_ptr, out_ptr, n, n_blocks, n_ti
     """codes + scales -> out (fp32/fp16, or bf16 as int16): fp32 decode * scale, one RNE cast."""
     t = tl.program_id(0)
     while t < n_tiles:
-        rows, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
-        y = _dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, elem, emask, n, n_blocks,
-                             ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW)
+        rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
+        y = dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, ok, elem, emask, n,
+                            ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW)
         _store_f32(out_ptr, elem, y, emask, OUT_FLOAT, HW)
         t += tl.num_programs(0)
 
@@ -304,14 +315,14 @@ def accumulate_kernel(codes_ptr, scales_ptr, lut_ptr, g_ptr, n, n_blocks, n_tile
     Each tile reads its own blocks before writing them, so in-place is race-free."""
     t = tl.program_id(0)
     while t < n_tiles:
-        rows, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
-        d = _dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, elem, emask, n, n_blocks,
-                             ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW)
+        rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
+        d = dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, ok, elem, emask, n,
+                            ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW)
         g = _load_f32(g_ptr, elem, emask, G_FLOAT)
         acc = tl.where(emask, d + g, 0.0)  # padding lanes are 0, whatever garbage the pad codes hold
-        codes, scale = _quantize_tile(acc, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None)
-        _store_codes(codes_ptr, codes, rows, elem, emask, n, n_blocks, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
-        tl.store(scales_ptr + rows, scale, mask=rows < n_blocks)
+        codes, scale = quantize_tile(acc, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None, HW)
+        store_codes(codes_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
+        tl.store(scales_ptr + rows, scale, mask=ok)
         t += tl.num_programs(0)
 
 
@@ -327,17 +338,17 @@ def reduce_requantize_kernel(codes_ptr, scales_ptr, lut_ptr, codes_out_ptr, scal
     The fp32 sum runs in rank order (a left fold), so every rank and every backend gets the same bits."""
     t = tl.program_id(0)
     while t < n_tiles:
-        rows, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
-        acc = _dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, elem, emask, n, n_blocks,
-                               ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW)
+        rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
+        acc = dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, ok, elem, emask, n,
+                              ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW)
         r = 1
         while r < world:
-            acc = acc + _dequantize_tile(codes_ptr + r * codes_stride, scales_ptr + r * scales_stride, lut_ptr,
-                                         rows, elem, emask, n, n_blocks, ROWS, KIND, BITS, BLOCK, BLOCK_P,
-                                         NF4_LUT, RAGGED, HW)
+            acc = acc + dequantize_tile(codes_ptr + r * codes_stride, scales_ptr + r * scales_stride, lut_ptr,
+                                        rows, ok, elem, emask, n, ROWS, KIND, BITS, BLOCK, BLOCK_P,
+                                        NF4_LUT, RAGGED, HW)
             r += 1
         acc = tl.where(emask, acc, 0.0)
-        codes, scale = _quantize_tile(acc, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None)
-        _store_codes(codes_out_ptr, codes, rows, elem, emask, n, n_blocks, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
-        tl.store(scales_out_ptr + rows, scale, mask=rows < n_blocks)
+        codes, scale = quantize_tile(acc, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None, HW)
+        store_codes(codes_out_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
+        tl.store(scales_out_ptr + rows, scale, mask=ok)
         t += tl.num_programs(0)

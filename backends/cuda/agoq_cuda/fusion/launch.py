@@ -14,8 +14,9 @@ import torch
 
 from agoq_core.formats.spec import FormatSpec
 from agoq_cuda.fusion import kernels as K
+from agoq_triton_kernels import launch as shared
 from agoq_triton_kernels.buffers import check_codec_buffers
-from agoq_triton_kernels.codes import NF4_LEVELS_KERNEL
+from agoq_triton_kernels.launch import nf4_lut
 from agoq_triton_kernels.layout import KIND_IDS
 
 __all__ = [
@@ -36,9 +37,7 @@ _MAX_INDEX = 2**31 - 1
 @functools.cache
 def is_interpreted() -> bool:
     """Whether the fused kernels were decorated under TRITON_INTERPRET (fixed at import time)."""
-    from triton.runtime.interpreter import InterpretedFunction
-
-    return isinstance(K.gemm_quant_epilogue_kernel, InterpretedFunction)
+    return shared.is_interpreted(K.gemm_quant_epilogue_kernel)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -95,11 +94,6 @@ _GPU_SMALL = _GPU_CONFIGS[4]  # 128x128x64, 4 warps: compiles fastest, holds a 1
 
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
-
-
-@functools.cache
-def _nf4_lut(device: torch.device) -> torch.Tensor:
-    return torch.tensor(NF4_LEVELS_KERNEL, dtype=torch.float32, device=device)
 
 
 def _format_args(spec: FormatSpec) -> dict:
@@ -419,7 +413,7 @@ def gemm_dequant_prologue_into(grad: torch.Tensor, codes: torch.Tensor, scales: 
         return
     interp = is_interpreted()
     mv = _kernel_view(mul) if mul is not None else _kernel_view(grad)
-    args = (_kernel_view(grad), codes.view(torch.int8), scales, _nf4_lut(grad.device), mv, _kernel_view(out),
+    args = (_kernel_view(grad), codes.view(torch.int8), scales, nf4_lut(grad.device), mv, _kernel_view(out),
             m, n, k, grad.stride(0), grad.stride(1), mul.stride(0) if mul is not None else 0,
             mul.stride(1) if mul is not None else 0, _pow2_at_least(m))
     # NF4 decodes by a select tree, not the 16-entry table: inside the GEMM's K loop Triton's pipeliner

@@ -1,15 +1,7 @@
-"""Helpers for the fusion tests: the cuda backend with the fused GEMMs attached, and float64 oracles.
-
-``fused_backend()`` returns the real CudaBackend if it already claims the fused ops (after the
-integration diff in docs/fusion.md is applied); until then, a subclass that adds exactly the four methods
-and the two ops that diff adds, so the tests exercise the same code either way.
-"""
+"""Helpers for the fusion tests: the cuda backend (it claims the fused GEMMs) and float64 oracles."""
 from __future__ import annotations
 
 import torch
-
-from agoq_core.backend import Capabilities
-from agoq_cuda.fusion import launch
 
 __all__ = ["fused_backend", "ref_linear", "ref_weight_grad", "assert_bits_equal"]
 
@@ -17,32 +9,12 @@ FUSED_OPS = frozenset({"gemm_quant_epilogue", "gemm_dequant_prologue"})
 
 
 def fused_backend():
+    """The real CudaBackend, which claims (and implements) the fused ops."""
     from agoq_cuda.backend import CudaBackend
 
     be = CudaBackend.create()
-    if FUSED_OPS <= be.capabilities().ops:
-        return be
-
-    class FusedCudaBackend(CudaBackend):
-        def capabilities(self) -> Capabilities:
-            c = super().capabilities()
-            return Capabilities(formats=c.formats, device_types=c.device_types, ops=c.ops | FUSED_OPS,
-                                collectives=c.collectives, input_dtypes=c.input_dtypes, max_block=c.max_block,
-                                notes=c.notes)
-
-        def gemm_quant_epilogue_unsupported(self, x, weight, bias, spec):
-            return launch.epilogue_unsupported(x, weight, bias, spec)
-
-        def gemm_quant_epilogue_into(self, x, weight, bias, spec, out, codes, scales):
-            launch.gemm_quant_epilogue_into(x, weight, bias, spec, out, codes, scales)
-
-        def gemm_dequant_prologue_unsupported(self, grad, spec, k, mul=None):
-            return launch.prologue_unsupported(grad, spec, k, mul)
-
-        def gemm_dequant_prologue_into(self, grad, codes, scales, spec, k, out, mul=None):
-            launch.gemm_dequant_prologue_into(grad, codes, scales, spec, k, out, mul)
-
-    return FusedCudaBackend(interpreted=be.interpreted)
+    assert FUSED_OPS <= be.capabilities().ops, "agoq-cuda no longer claims the fused GEMMs"
+    return be
 
 
 def ref_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:

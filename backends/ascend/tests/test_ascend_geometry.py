@@ -1,4 +1,4 @@
-"""Launch-planner rules (plain Python, no hardware): grid <= 65,535 and <= vector cores, tiles inside the
+"""Launch-geometry rules (plain Python, no hardware): grid <= 65,535 and <= vector cores, tiles inside the
 UB budget, 32-byte tail alignment, full coverage of the tensor, and clear errors."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from agoq_ascend import planner as P
-from agoq_ascend.planner import DeviceProps, PlanError, plan_launch, working_set
+from agoq_ascend import geometry as P
+from agoq_ascend.geometry import DeviceProps, PlanError, plan_launch, working_set
 from agoq_triton_kernels.layout import MAX_BLOCK, MAX_CHUNK_ELEMENTS
 
 A2 = DeviceProps(vector_cores=48)  # Atlas 800T A2 (910B3): 24 AI cores x 2 vector cores
@@ -146,7 +146,7 @@ def test_format_codes_match_the_core_registry():
 
 def test_compile_options_are_triton_ascend_fields():
     p = plan_launch(op="accumulate", numel=4096, kind="fp8_e4m3", bits=8, block=256, device=A2)
-    assert P.compile_options(p) == {"multibuffer": p.multibuffer, "enable_fp_fusion": False}
+    assert P.compile_options(p) == {"multibuffer": p.multibuffer}  # enable_fp_fusion=False: the shared launcher
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -177,11 +177,11 @@ def test_device_props_are_validated(kwargs):
         DeviceProps(**kwargs)
 
 
-def test_planner_imports_no_torch_npu_or_triton():
+def test_geometry_imports_no_torch_npu_or_triton():
     import subprocess
     import sys
 
-    code = ("import sys, agoq_ascend.planner as p; p.plan_launch(op='quantize', numel=10, kind='int', bits=4, "
+    code = ("import sys, agoq_ascend.geometry as p; p.plan_launch(op='quantize', numel=10, kind='int', bits=4, "
             "block=8, device=p.DeviceProps(vector_cores=2)); "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'torch_npu', 'triton')]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -1,9 +1,9 @@
-"""Launch planner for the Ascend kernels, in plain Python (imports neither torch, torch_npu nor triton).
+"""Launch geometry of the Ascend kernels, in plain Python (imports neither torch, torch_npu nor triton).
 
 Triton-Ascend runs each program of a launch on one physical core and refuses grids above 65,535
 ("coreDim=... can't be greater than UINT16_MAX"); every tensor a kernel body creates lives in the
 core's unified buffer (UB, 192 KB on Atlas A2/A3), and a working set that does not fit is a compile
-error ("ub overflow"), not a slowdown. So the planner decides, from numbers alone:
+error ("ub overflow"), not a slowdown. So the geometry decides, from numbers alone:
 
 * **grid** = min(tiles, vector cores, 65,535): one program per vector core (the shared bodies loop
   over tiles with a persistent strided loop, so any grid size is correct);
@@ -76,7 +76,7 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DeviceProps:
-    """What the planner needs to know about one NPU (or the fake one of interpreter mode)."""
+    """What the geometry planner needs to know about one NPU (or the fake one of interpreter mode)."""
 
     vector_cores: int
     ub_bytes: int = UB_BYTES_A2
@@ -313,7 +313,7 @@ def max_block(device: DeviceProps) -> int:
 
 def compile_options(plan: LaunchPlan) -> dict:
     """Triton-Ascend compile options of a launch (NPUOptions fields; upstream Triton would reject them,
-    the CPU interpreter ignores them). ``enable_fp_fusion=False`` asks for no multiply-add contraction:
-    accumulate's ``decode * scale + g`` must round twice like the reference. Whether bishengir honours
-    it on A2/A3 is not known (the accumulate conformance cases would show a contraction)."""
-    return {"multibuffer": plan.multibuffer, "enable_fp_fusion": False}
+    the CPU interpreter ignores them). The shared launcher adds ``enable_fp_fusion=False`` to every
+    launch (no multiply-add contraction); whether bishengir honours it on A2/A3 is not known (the
+    accumulate conformance cases would show a contraction)."""
+    return {"multibuffer": plan.multibuffer}

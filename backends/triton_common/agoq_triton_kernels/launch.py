@@ -1,0 +1,209 @@
+"""The one host launcher of the four codec kernels, for every Triton backend.
+
+Everything on the bit-exact path between a flat buffer and a kernel argument happens here, once: buffer
+checks, how tensors cross the boundary (codes as int8 views: no uint8 arithmetic in kernels; bf16 as its
+int16 bit pattern, widened and rounded with integer logic; fp32 scales), the format constexprs, the NF4
+tables, the cutting of tensors above 2**30 elements into pieces of whole blocks (int32 offsets cannot
+wrap) with a ragged last block in a launch of its own (RAGGED=True), and launching with fp contraction
+off (``enable_fp_fusion=False``: accumulate's ``decode(c) * s + g`` must round twice like the reference,
+never once as an FMA).
+
+What differs between devices is only the launch geometry, which a plugin supplies as a
+:class:`LaunchGeometry` strategy: agoq-cuda sizes tiles in lanes per CTA and fills the SMs (and may use
+hardware conversions, HW=True, on sm_89+); agoq-ascend plans one program per vector core with tiles sized
+to the unified buffer and lanes padded to 32 bytes, decodes NF4 with a select tree (no cheap gather) and
+always runs the portable arithmetic (HW=False).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol
+
+import torch
+
+from agoq_triton_kernels import kernels as K
+from agoq_triton_kernels.buffers import check_codec_buffers, float_view
+from agoq_triton_kernels.codes import NF4_LEVELS_KERNEL
+from agoq_triton_kernels.layout import MAX_CHUNK_ELEMENTS, encode_lut, format_constexprs
+
+__all__ = ["Launch", "LaunchGeometry", "Launcher", "is_interpreted", "segments", "nf4_lut", "nf4_encode_lut",
+           "OPS"]
+
+OPS = ("quantize", "dequantize", "accumulate", "reduce_requantize")
+
+
+def is_interpreted(kernel: Any = None) -> bool:
+    """Whether ``kernel`` (default: the shared quantize kernel) was decorated under TRITON_INTERPRET
+    (Triton fixes the mode when the decorator runs, i.e. at import)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(K.quantize_kernel if kernel is None else kernel, InterpretedFunction)
+
+
+@functools.cache
+def nf4_lut(device: torch.device) -> torch.Tensor:
+    """The NF4 decode table (fp32 levels) on ``device``. Every kernel takes its pointer; launches with
+    NF4_LUT=False never read it."""
+    return torch.tensor(NF4_LEVELS_KERNEL, dtype=torch.float32, device=device)
+
+
+@functools.cache
+def nf4_encode_lut(kind: str, device: torch.device) -> torch.Tensor:
+    """The bucket table that encodes ``kind`` with one gather per element (layout.encode_lut)."""
+    return torch.tensor(encode_lut(kind), dtype=torch.int64, device=device)
+
+
+def segments(spec, n: int):
+    """One launch per piece: runs of whole blocks (<= 2**30 elements each) with RAGGED=False (row masks
+    only), then the last, partial block, if any, with RAGGED=True (element masks), as the shared kernels
+    expect. Yields (element offset, elements, code-byte offset, block offset, ragged)."""
+    full = n // spec.block * spec.block
+    step = max(spec.block, MAX_CHUNK_ELEMENTS // spec.block * spec.block)
+    per_block = spec.block * spec.bits // 8
+    for off in range(0, full, step):
+        yield off, min(step, full - off), off // spec.block * per_block, off // spec.block, False
+    if full < n:
+        yield full, n - full, full // spec.block * per_block, full // spec.block, True
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Launch:
+    """One launch as a geometry decides it: ``grid`` programs walk ``n_tiles`` tiles of ``rows`` blocks x
+    ``block_p`` lanes (BLOCK_P: a power of two >= the block; lanes beyond it are masked)."""
+
+    grid: int
+    rows: int
+    block_p: int
+    n_tiles: int
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """Device launch/compile options (CUDA: num_warps; Triton-Ascend: multibuffer)."""
+    plan: Any = None
+    """The geometry's own record of the decision (tests and benchmarks read it from ``last_plans``)."""
+
+
+class LaunchGeometry(Protocol):
+    """What a plugin decides about launches; the launcher does everything else."""
+
+    who: str
+    """Names the backend in error messages ("agoq-cuda")."""
+    nf4_lut: bool
+    """True: NF4 decodes by a table gather and encodes by a bucket table; False: select tree / threshold
+    search (for devices where gathers are slow)."""
+    float64_via_float32: bool
+    """Accept float64 inputs by rounding them to float32 with torch first (as the reference does)."""
+
+    def hw(self, device: torch.device, requested: bool | None) -> bool:
+        """The HW constexpr for ``device`` (``requested``: None = the device default; an explicit True the
+        device cannot honour must raise)."""
+
+    def plan(self, op: str, spec, numel: int, io_dtype: torch.dtype, device: torch.device, *,
+             rows: int | None, programs: int | None) -> Launch:
+        """The launch of ``op`` over ``numel`` elements (<= 2**30, whole blocks or one ragged block);
+        ``io_dtype`` is the float tensor it reads or writes (float32 for reduce_requantize); ``rows`` and
+        ``programs`` are test/tuning overrides."""
+
+
+class Launcher:
+    """The shared kernels launched with the geometry a plugin provides. ``last_plans`` holds the
+    geometry's plans of the most recent call (one per piece)."""
+
+    def __init__(self, geometry: LaunchGeometry):
+        self.geometry = geometry
+        self.last_plans: list[Any] = []
+
+    def _format(self, spec, device: torch.device, hw: bool | None) -> dict:
+        """The constexprs fixed for a whole call (checked before any launch: a bad block fails here)."""
+        c = format_constexprs(kind=spec.kind, bits=spec.bits, block=spec.block, qmax=spec.qmax)
+        c.update(HW=self.geometry.hw(device, hw), NF4_LUT=self.geometry.nf4_lut)
+        return c
+
+    @staticmethod
+    def _consts(fmt: dict, launch: Launch, ragged: bool) -> dict:
+        return {**fmt, "BLOCK_P": launch.block_p, "ROWS": launch.rows, "RAGGED": ragged}
+
+    def _run(self, kernel, launch: Launch, args: tuple, consts: dict) -> None:
+        self.last_plans.append(launch.plan)
+        kernel[(launch.grid,)](*args, **consts, **launch.options, enable_fp_fusion=False)
+
+    def _elut(self, spec, device: torch.device):
+        return nf4_encode_lut(spec.kind, device) if self.geometry.nf4_lut else None
+
+    def _float_in(self, t: torch.Tensor, what: str) -> tuple[torch.Tensor, int, torch.dtype]:
+        """(kernel view, FLOAT constexpr, dtype the kernel reads) of a float input."""
+        if t.dtype == torch.float64 and self.geometry.float64_via_float32:
+            t = t.to(torch.float32)
+        view, kind = float_view(t.reshape(-1), what, self.geometry.who)
+        return view, kind, t.dtype
+
+    def quantize(self, x: torch.Tensor, spec, codes: torch.Tensor, scales: torch.Tensor, *,
+                 rows: int | None = None, programs: int | None = None, hw: bool | None = None) -> None:
+        """x flat [N] -> codes uint8[code_bytes(N)], scales fp32[NB]."""
+        n = x.numel()
+        check_codec_buffers(spec, n, codes, scales, x.device, "quantize")
+        xv, xk, io = self._float_in(x, "quantize")
+        g, dev = self.geometry, x.device
+        f, cv, elut = self._format(spec, dev, hw), codes.view(torch.int8), self._elut(spec, dev)
+        self.last_plans = []
+        for off, m, boff, soff, ragged in segments(spec, n):
+            la = g.plan("quantize", spec, m, io, dev, rows=rows, programs=programs)
+            nb = spec.num_blocks(m)
+            self._run(K.quantize_kernel, la,
+                      (xv[off:off + m], cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], m, nb, la.n_tiles),
+                      {**self._consts(f, la, ragged), "X_FLOAT": xk, "elut_ptr": elut})
+
+    def dequantize(self, codes: torch.Tensor, scales: torch.Tensor, spec, out: torch.Tensor, *,
+                   rows: int | None = None, programs: int | None = None, hw: bool | None = None) -> None:
+        """codes + scales -> out flat [N] (fp32, bf16 or fp16)."""
+        n = out.numel()
+        check_codec_buffers(spec, n, codes, scales, out.device, "dequantize")
+        ov, ok = float_view(out.reshape(-1), "dequantize", self.geometry.who)
+        g, dev = self.geometry, out.device
+        f, cv, lut = self._format(spec, dev, hw), codes.view(torch.int8), nf4_lut(dev)
+        self.last_plans = []
+        for off, m, boff, soff, ragged in segments(spec, n):
+            la = g.plan("dequantize", spec, m, out.dtype, dev, rows=rows, programs=programs)
+            nb = spec.num_blocks(m)
+            self._run(K.dequantize_kernel, la,
+                      (cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], lut, ov[off:off + m], m, nb,
+                       la.n_tiles), {**self._consts(f, la, ragged), "OUT_FLOAT": ok})
+
+    def accumulate(self, codes: torch.Tensor, scales: torch.Tensor, spec, g: torch.Tensor, *,
+                   rows: int | None = None, programs: int | None = None, hw: bool | None = None) -> None:
+        """In place: (codes, scales) <- Q(D(codes, scales) + g), g flat [N] (fp32, bf16, fp16)."""
+        n = g.numel()
+        check_codec_buffers(spec, n, codes, scales, g.device, "accumulate_")
+        gv, gk, io = self._float_in(g, "accumulate_")
+        geo, dev = self.geometry, g.device
+        f, cv, lut, elut = self._format(spec, dev, hw), codes.view(torch.int8), nf4_lut(dev), self._elut(spec, dev)
+        self.last_plans = []
+        for off, m, boff, soff, ragged in segments(spec, n):
+            la = geo.plan("accumulate", spec, m, io, dev, rows=rows, programs=programs)
+            nb = spec.num_blocks(m)
+            self._run(K.accumulate_kernel, la,
+                      (cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], lut, gv[off:off + m], m, nb,
+                       la.n_tiles), {**self._consts(f, la, ragged), "G_FLOAT": gk, "elut_ptr": elut})
+
+    def reduce_requantize(self, codes: torch.Tensor, scales: torch.Tensor, spec, numel: int,
+                          codes_out: torch.Tensor, scales_out: torch.Tensor, *, rows: int | None = None,
+                          programs: int | None = None, hw: bool | None = None) -> None:
+        """codes uint8[W, code_bytes], scales fp32[W, NB] -> Q(sum_r D_r) (fp32, rank order)."""
+        if codes.dim() != 2 or scales.dim() != 2 or codes.shape[0] != scales.shape[0] or codes.shape[0] < 1:
+            raise ValueError(f"reduce_requantize: want codes[W, B] and scales[W, NB] with W >= 1, got "
+                             f"{tuple(codes.shape)} and {tuple(scales.shape)}")
+        n, w = numel, codes.shape[0]
+        check_codec_buffers(spec, n, codes_out, scales_out, codes.device, "reduce_requantize")
+        check_codec_buffers(spec, n, codes[0], scales[0], codes.device, "reduce_requantize (input row)")
+        if codes.stride(1) != 1 or scales.stride(1) != 1:
+            raise ValueError("reduce_requantize: rows of codes and scales must be contiguous")
+        g, dev = self.geometry, codes.device
+        f, lut, elut = self._format(spec, dev, hw), nf4_lut(dev), self._elut(spec, dev)
+        cv, cov = codes.view(torch.int8), codes_out.view(torch.int8)
+        self.last_plans = []
+        for off, m, boff, soff, ragged in segments(spec, n):
+            la = g.plan("reduce_requantize", spec, m, torch.float32, dev, rows=rows, programs=programs)
+            nb, cb = spec.num_blocks(m), spec.code_bytes(m)
+            self._run(K.reduce_requantize_kernel, la,
+                      (cv[:, boff:boff + cb], scales[:, soff:soff + nb], lut, cov[boff:boff + cb],
+                       scales_out[soff:soff + nb], m, nb, la.n_tiles, w, codes.stride(0), scales.stride(0)),
+                      {**self._consts(f, la, ragged), "elut_ptr": elut})
