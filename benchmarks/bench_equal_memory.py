@@ -20,6 +20,9 @@ Configurations (``--configs``; ``-c`` = every decoder layer torch.compile'd, as 
   fp8-c             torchao float8 (tensorwise) on the decoder Linears, compiled, + fastest of none/sac/ckpt
                     that fits (needs CUDA, SM89+)
   laaq[-c]          agoq_core.laaq.apply (nf4, paper policy) + the chunked linear cross-entropy
+  laaq-liger        Liger's RMSNorm + RoPE kernels under LAAQ (LAAQ keeps the norms' 4-bit inputs and calls
+                    Liger's norm; Liger's SwiGLU is left out: LAAQ's SwiGLU keeps gate/up at 4 bits where
+                    Liger's keeps them in bf16) + chunked CE (needs liger_kernel + CUDA)
   policy[-c]        agoq_core.planner.budget.plan_budget for the cap, applied with agoq_core.laaq.apply_policy
                     + chunked CE; -c compiles the layers the plan leaves bf16/checkpointed
   policy-fp8-c      the same with float8 Linears in every layer the plan does not give to LAAQ (GPU only)
@@ -47,7 +50,7 @@ GIB = 1 << 30
 K = 1024
 
 ALL_CONFIGS = ("plain", "plain-c", "ckpt", "ckpt-c", "partial", "partial-c", "sac", "sac-c", "offload", "liger",
-               "fp8-c", "laaq", "laaq-c", "policy", "policy-c", "policy-fp8-c")
+               "fp8-c", "laaq", "laaq-c", "laaq-liger", "policy", "policy-c", "policy-fp8-c")
 QUICK = {  # config -> sequences (whole device only): ~220 s on the H200 (estimates in docs/benchmarks.md)
     "plain": (16 * K, 32 * K), "ckpt": (32 * K,), "sac-c": (32 * K,), "laaq": (32 * K,),
     "policy": (16 * K, 32 * K, 64 * K),
@@ -233,9 +236,14 @@ def _setup(model, config, seq, cell, device, state):
         _wrap(model, range(L), _sac_context_fn())
     elif base == "offload":
         pass  # the step runs under save_on_cpu
-    elif base in ("laaq",):
+    elif base in ("laaq", "laaq-liger"):
         from agoq_core import laaq
 
+        if base == "laaq-liger":
+            from liger_kernel.transformers import apply_liger_kernel_to_llama
+
+            apply_liger_kernel_to_llama(rope=True, rms_norm=True, swiglu=False, cross_entropy=False,
+                                        fused_linear_cross_entropy=False, model=model)
         desc["laaq"] = str(laaq.apply(model))
         if compiled:
             _compile_layers(model, be)
@@ -368,7 +376,7 @@ def run_cell(cell):
             retry = False
             if res.get("oom"):
                 base = config[:-2] if config.endswith("-c") else config
-                L = cell["layers"] or (4 if cell["smoke"] else 32)
+                L = cell["layers"] or (4 if cell["smoke"] else 32)  # noqa: N806
                 if base == "partial" and state.get("partial_n", L) < L:
                     state["partial_n"] = min(L, state["partial_n"] + max(1, L // 8))
                     retry = True
@@ -452,7 +460,7 @@ def table(rows, smoke):
 
 def summarize(rows):
     """Longest sequence per (config, cap), and per (cap, seq) the fastest alternative vs AGoQ's best."""
-    agoq = ("laaq", "laaq-c", "policy", "policy-c", "policy-fp8-c")
+    agoq = ("laaq", "laaq-c", "laaq-liger", "policy", "policy-c", "policy-fp8-c")
     ok = [r for r in rows if not r.get("oom") and r.get("tokens_per_s")]
     longest = {}
     for r in ok:
