@@ -52,9 +52,11 @@ K = 1024
 ALL_CONFIGS = ("plain", "plain-c", "ckpt", "ckpt-c", "partial", "partial-c", "sac", "sac-c", "offload", "liger",
                "fp8-c", "laaq", "laaq-c", "laaq-liger", "policy", "policy-c", "policy-fp8-c")
 QUICK = {  # config -> sequences, whole device only, most informative first (the time guard skips the tail):
-    # ~230 s on one H200 (process start ~10 s each, SAC's compile ~50 s, a 64K policy step ~15 s)
+    # ~240 s on one H200 (process start ~10 s each, SAC's compile ~50 s, torchao AdamW8bit's compile ~30 s
+    # in the first process -- later ones hit the inductor cache --, a 64K policy step ~15 s). Plain is
+    # known to OOM beyond 16K (2026-11-29 run, even without optimizer states).
     "policy": (16 * K, 32 * K, 64 * K), "sac-c": (32 * K,), "ckpt": (32 * K,), "laaq": (32 * K,),
-    "plain": (16 * K, 32 * K),
+    "plain": (16 * K,),
 }
 
 
