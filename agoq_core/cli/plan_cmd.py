@@ -1,5 +1,9 @@
 """``agoq plan``: DBCA-PP activation formats per pipeline stage, with the reasons, as a table or JSON.
 
+With ``--budget`` it picks, per decoder layer of one device, how to keep what backward needs (bf16, LAAQ
+at 4-8 bits, checkpointing, quantized-input checkpointing) for the highest predicted tokens/s within the
+budget (agoq_core.planner.budget): ``agoq plan --budget 80GiB --model llama2-7b --seq-len 32768``.
+
 With ``--cluster`` it predicts peak memory per stage and step time, baseline vs AGoQ, on a cluster
 (agoq_core.scale): ``agoq plan --cluster 64xA6000 --inter 200Gbps --tp 8 --pp 4 --dp 2 --model llama2-13b``.
 """
@@ -72,10 +76,30 @@ def _run_cluster(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_budget(args: argparse.Namespace) -> int:
+    from agoq_core.planner.budget import DEFAULT_OPTIONS, plan_budget
+    from agoq_core.planner.errors import PlannerError
+
+    if args.cluster:
+        raise PlannerError("--budget plans one device and --cluster predicts a cluster; give one of them")
+    plan = plan_budget(_load_model(args.model), budget=args.budget, seq_len=args.seq_len,
+                       batch=args.microbatch_size, device=args.device or "H200",
+                       options=args.options or ",".join(DEFAULT_OPTIONS), loss=args.loss or "chunked",
+                       headroom=args.headroom if args.headroom is not None else 0.02)
+    print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.render())
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     from agoq_core.planner import PlanConfig, StaticMemoryConfig, plan_for_pipeline
     from agoq_core.planner.errors import PlannerError
 
+    if args.budget:
+        return _run_budget(args)
+    given = [f"--{k}" for k in ("device", "options", "loss", "headroom") if getattr(args, k) is not None]
+    if given:
+        raise PlannerError(f"{', '.join(given)} belong to the memory-budget policy and need --budget (e.g. --budget "
+                           "80GiB --model llama2-7b --seq-len 32768)")
     if args.cluster:
         return _run_cluster(args)
     given = [f"--{k.replace('_', '-')}" for k in _CLUSTER_ONLY if getattr(args, k) is not None]
@@ -174,4 +198,16 @@ def register(p: argparse.ArgumentParser) -> None:
                    help="force the baseline's recomputed layers per virtual stage [fewest that fit]")
     c.add_argument("--elementwise", default=None, choices=("fused", "hf"),
                    help="memory-bound ops as fused kernels (Megatron) or Hugging Face eager [fused]")
+    b = p.add_argument_group("memory-budget policy of one device (agoq_core.planner.budget; docs/laaq.md)")
+    b.add_argument("--budget", default=None, metavar="BYTES",
+                   help="plan per-layer bf16 / LAAQ / checkpointing for one device with this much memory (e.g. "
+                        "80GiB), batch --microbatch-size x --seq-len tokens")
+    b.add_argument("--device", default=None, help="device profile for the time model (H200, H100, A100, A6000, "
+                                                  "910B) [H200]")
+    b.add_argument("--options", default=None,
+                   help="per-layer options, comma-separated: bf16, ckpt, laaq:FMT, qckpt:FMT "
+                        "[bf16,laaq:nf4,laaq:int5,laaq:int6,laaq:int8,ckpt,qckpt:nf4,qckpt:int8]")
+    b.add_argument("--loss", default=None, choices=("chunked", "hf"),
+                   help="loss the training uses: chunked/fused linear cross-entropy, or the model's own [chunked]")
+    b.add_argument("--headroom", type=float, default=None, help="share of the budget left to the allocator [0.02]")
     p.set_defaults(func=_run)

@@ -20,6 +20,7 @@ from agoq_core.laaq.integrate import (Conversion, LAAQReport, Skip, apply, conve
 from agoq_core.laaq.loss import chunked_linear_cross_entropy
 from agoq_core.laaq.memory import PARTS, SavedBytes, SavedBytesMeter, flash_layout_sdpa, measure_saved_bytes
 from agoq_core.laaq.numerics import GradientErrors, gradient_errors
+from agoq_core.laaq.policy import PolicyReport, apply_policy
 
 __all__ = [
     # the verb and its config
@@ -52,4 +53,7 @@ __all__ = [
     "GradientErrors",
     # long sequences
     "chunked_linear_cross_entropy",
+    # memory-budget policy (agoq_core.planner.budget): LAAQ / checkpointing per layer
+    "apply_policy",
+    "PolicyReport",
 ]

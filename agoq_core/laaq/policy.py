@@ -1,0 +1,119 @@
+"""Apply a memory-budget plan (agoq_core.planner.budget) to a model in one call.
+
+::
+
+    plan = plan_budget("llama2-7b", budget="80GiB", seq_len=32768)
+    report = apply_policy(model, plan)        # or a list of option names, one per decoder layer
+    ...train...
+    report.undo()
+
+Per decoder layer: ``bf16`` leaves it as is; ``laaq:FMT`` runs ``laaq.apply`` on that layer alone (every
+quantized role in FMT, the attention core 16-bit); ``ckpt`` wraps it in torch's ``checkpoint_wrapper``
+(non-reentrant torch.utils.checkpoint); ``qckpt:FMT`` wraps it in :class:`QuantizedCheckpoint`. Wrappers
+keep state_dict keys (parameter names seen from the root gain ``_checkpoint_wrapped_module.``, as with
+torch's checkpoint_wrapper). With a plan made for the chunked loss, the final norm is
+converted too (LAAQ nf4), so ``chunked_linear_cross_entropy(model.model(ids).last_hidden_state, ...)``
+keeps only its 4-bit input.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch.nn as nn
+
+from agoq_core.errors import AgoqError
+
+__all__ = ["apply_policy", "PolicyReport", "decoder_layers"]
+
+_ATTR = "_agoq_policy_report"
+
+
+def decoder_layers(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
+    """(parent, attribute name, layer) of every decoder layer of a known LAAQ family, in model order."""
+    from agoq_core.laaq.families import FAMILIES
+
+    names = {c for row in FAMILIES.values() for c in row.layer_classes}
+    out = []
+    for parent in model.modules():
+        for attr, child in parent.named_children():
+            if any(k.__name__ in names for k in type(child).__mro__):
+                out.append((parent, attr, child))
+    return out
+
+
+@dataclass
+class PolicyReport:
+    choices: tuple[str, ...]
+    laaq_reports: list = field(default_factory=list, repr=False)
+    _wrapped: list = field(default_factory=list, repr=False)
+    _model: Any = field(default=None, repr=False)
+
+    def undo(self) -> None:
+        for rep in reversed(self.laaq_reports):
+            rep.undo()
+        self.laaq_reports.clear()
+        for parent, attr, layer in reversed(self._wrapped):
+            parent._modules[attr] = layer
+        self._wrapped.clear()
+        if self._model is not None:
+            self._model.__dict__.pop(_ATTR, None)
+            self._model = None
+
+    def __str__(self) -> str:
+        mix: dict[str, int] = {}
+        for c in self.choices:
+            mix[c] = mix.get(c, 0) + 1
+        return f"memory-budget policy on {len(self.choices)} layers: " + ", ".join(f"{k} x{v}" for k, v in mix.items())
+
+
+def apply_policy(model: nn.Module, plan: Any, *, convert_final_norm: bool | None = None,
+                 backend: str | None = None) -> PolicyReport:
+    """Apply ``plan`` (a BudgetPlan, or one option name per decoder layer) to ``model``; returns the report.
+
+    ``convert_final_norm``: default True when the plan is for the chunked loss."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+    from agoq_core.laaq.config import LAAQConfig
+    from agoq_core.laaq.integrate import apply as laaq_apply
+    from agoq_core.laaq.integrate import convert_norm
+    from agoq_core.laaq.qcheckpoint import QuantizedCheckpoint
+    from agoq_core.planner.budget import parse_option
+
+    choices = tuple(plan.choices) if hasattr(plan, "choices") else tuple(plan)
+    if _ATTR in model.__dict__:
+        raise AgoqError(f"{type(model).__name__} already has a memory-budget policy; call report.undo() first")
+    if any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules()):
+        raise AgoqError("the memory-budget policy decides checkpointing per layer; call "
+                        "model.gradient_checkpointing_disable() first")
+    layers = decoder_layers(model)
+    if len(layers) != len(choices):
+        raise AgoqError(f"the plan has {len(choices)} layer choices but {type(model).__name__} has {len(layers)} "
+                        f"decoder layers; plan for this model (plan_budget(model.config, ...))")
+    parsed = [parse_option(c) for c in choices]
+    report = PolicyReport(choices=tuple(k if f is None else f"{k}:{f}" for k, f in parsed))
+    try:
+        for i, ((parent, attr, layer), (kind, fmt)) in enumerate(zip(layers, parsed)):
+            if kind == "laaq":
+                cfg = LAAQConfig(norm_input=fmt, mlp_act_input=fmt, attn_out_input=fmt, linear_input=fmt,
+                                 convert_final_norm=False, backend=backend)
+                report.laaq_reports.append(laaq_apply(layer, cfg))
+            elif kind == "ckpt":
+                parent._modules[attr] = checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+                report._wrapped.append((parent, attr, layer))
+            elif kind == "qckpt":
+                parent._modules[attr] = QuantizedCheckpoint(layer, fmt, layer_index=i, backend=backend)
+                report._wrapped.append((parent, attr, layer))
+        want_final = convert_final_norm if convert_final_norm is not None else getattr(plan, "loss", "") == "chunked"
+        if want_final:
+            norm = getattr(getattr(model, "model", model), "norm", None)
+            if not isinstance(norm, nn.Module):
+                raise AgoqError(f"convert_final_norm: {type(model).__name__} has no model.norm; pass "
+                                "convert_final_norm=False")
+            report.laaq_reports.append(convert_norm(norm, LAAQConfig(backend=backend)))
+    except BaseException:
+        report.undo()
+        raise
+    report._model = model
+    model.__dict__[_ATTR] = report
+    return report

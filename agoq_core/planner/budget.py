@@ -1,0 +1,421 @@
+"""Memory-budget policy: per decoder layer, the cheapest way (in step time) to keep what backward needs
+within one device's memory budget.
+
+Quick start::
+
+    from agoq_core.planner.budget import plan_budget
+    plan = plan_budget("llama2-7b", budget="80GiB", seq_len=32768)
+    print(plan.render())                       # the mix, predicted peak and step time
+    from agoq_core.laaq.policy import apply_policy
+    report = apply_policy(model, plan)         # one call: LAAQ / checkpointing per layer
+
+``agoq plan --budget 80GiB --model llama2-7b --seq-len 32768`` prints the same.
+
+Per layer the options are (names as printed):
+
+================  ====================================================  =================================
+option            what the layer keeps for backward                      extra time
+================  ====================================================  =================================
+``bf16``          everything HF keeps (``hf_plain_layer_bytes``)         none
+``laaq:FMT``      LAAQ (paper policy, every quantized role in FMT)       codecs + norm/SwiGLU recompute
+``ckpt``          its bf16 input (torch.utils.checkpoint)                one more forward of the layer
+``qckpt:FMT``     its input in FMT (QuantizedCheckpoint)                 one more forward + input codec
+================  ====================================================  =================================
+
+Memory (peak allocated bytes of a training step, batch ``b`` x sequence ``S`` = ``T`` tokens)::
+
+    peak = static + fixed + sum_l saved(l) + max(head_saved + head_transient, max_l transient(l))
+
+``static``: weights, gradients and optimizer state (``planner.memory.static_bytes``; gradients are
+counted for the whole step: the benchmark zeroes them without freeing, as torch's DDP/FSDP buckets and
+Megatron's grad buffer do). ``fixed``: token ids and the RoPE tables. ``saved(l)``: what layer ``l`` keeps
+from its forward to its backward. ``transient(l)``: what exists on top while its backward runs (for a
+recomputed layer, the whole recomputed layer). The head (final norm, LM head, loss) keeps
+``head_saved`` until its backward, which needs ``head_transient`` more.
+
+The solver (:func:`solve_budget`) is exact: for every distinct transient level ``t`` it restricts each
+layer to options whose transient is at most ``t`` and solves the remaining multiple-choice knapsack
+(bytes summed, time summed, integer nanoseconds) with the planner's exact solver
+(``planner.solver.solve_rank``, one chunk, one state); the best over all levels is optimal, and every
+candidate's real peak is at most its level's bound, so no answer exceeds the budget.
+
+Where the numbers come from (docs/laaq.md "Memory-budget policy"):
+
+- bytes: the planner's accounting (``ActivationCostTable.from_formula`` for LAAQ, equal to LAAQ's
+  measurement byte for byte; ``scale.memory.hf_plain_layer_bytes`` for plain HF layers, equal to the
+  measurement on a real bf16 model; format sizes from ``agoq_core.formats``) -- exact;
+- transients: modelled from shapes; the LAAQ backward's coefficients are fitted to the H200 LAAQ rows
+  of docs/bench/h200-2026-11-29/run2 (16K-64K tokens, within 4%), the HF loss's 8 B per logit is
+  measured there;
+- time: ``agoq_core.scale.compute`` (roofline with the H200's measured GEMM throughput, copy bandwidth
+  and codec shares, and the attention efficiency and per-layer overhead fitted to the plain steps of
+  the same run); recomputation = one more forward of the layer, as in ``scale.single_gpu.h200_check``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal, Sequence
+
+from agoq_core.formats.spec import get_format
+from agoq_core.planner.errors import BudgetError, PlannerError
+from agoq_core.planner.memory import ActivationCostTable, StaticMemoryConfig, check_candidates, static_bytes
+from agoq_core.planner.model import TransformerShape, model_shape
+from agoq_core.planner.solver import Option, solve_rank
+
+__all__ = ["plan_budget", "BudgetPlan", "LayerOption", "layer_options", "solve_budget", "HeadCost", "head_cost",
+           "DEFAULT_OPTIONS", "parse_option", "BUDGET_STATIC", "LAAQ_TRANSIENT_FIT"]
+
+Loss = Literal["chunked", "hf"]
+
+DEFAULT_OPTIONS: tuple[str, ...] = ("bf16", "laaq:nf4", "laaq:int5", "laaq:int6", "laaq:int8", "ckpt",
+                                    "qckpt:nf4", "qckpt:int8")
+"""The per-layer options considered unless told otherwise (4/5/6/8-bit LAAQ as DBCA-PP's widths)."""
+
+#: A single-GPU user's static state: bf16 weights and gradients, 8-bit AdamW (bitsandbytes/torchao:
+#: two 1-byte states + fp32 absmax per 256), no fp32 master copy (pure bf16 training, as the benchmark).
+BUDGET_STATIC = StaticMemoryConfig(param_bytes=2, grads="bf16", optimizer="adam8bit", master_weights=False)
+
+#: LAAQ backward transient (bytes) = a * rows * intermediate + b * T * hidden, rows = the SwiGLU backward's
+#: token chunk (laaq.functions.BACKWARD_CHUNK_ELEMS). a: dequantized gate/up, act, dh, du, dg (6 x 2 B);
+#: b fitted to the H200 LAAQ rows of run2 (transient 3.59 / 5.81 / 8.12 GB at 16K / 32K / 64K; this
+#: model: 3.44 / 5.77 / 8.32, within 4%).
+LAAQ_TRANSIENT_FIT = (12, 19)
+
+#: HF's loss holds ~8 bytes per logit on top of what it keeps while its backward runs (fp32 grad of the
+#: log-softmax and of the upcast): 1,048,576,000 B at 4,096 tokens x 32,000 (run2, plain, measured).
+HF_LOSS_TRANSIENT_PER_LOGIT = 8
+#: Tokens per chunk of agoq_core.laaq.chunked_linear_cross_entropy (its default).
+CE_CHUNK = 4096
+_SWIGLU_CHUNK_ELEMS = 1 << 28  # = agoq_core.laaq.functions.BACKWARD_CHUNK_ELEMS (no torch import here)
+
+
+@dataclass(frozen=True)
+class LayerOption:
+    """One way to run a decoder layer: bytes it keeps, bytes on top during its backward, seconds."""
+
+    name: str
+    saved_bytes: int
+    transient_bytes: int
+    time_s: float
+    """Forward + backward seconds of the layer (one micro-batch), recomputation and codecs included."""
+
+    @property
+    def kind(self) -> str:
+        return self.name.split(":")[0]
+
+    @property
+    def fmt(self) -> str | None:
+        return self.name.split(":", 1)[1] if ":" in self.name else None
+
+
+@dataclass(frozen=True)
+class HeadCost:
+    saved_bytes: int
+    transient_bytes: int
+    time_s: float
+    loss: str
+
+
+def parse_option(name: str) -> tuple[str, str | None]:
+    """``"laaq:int5"`` -> ("laaq", "int5"); checks the kind and the format."""
+    if not isinstance(name, str):
+        raise PlannerError(f"a budget option must be a string like 'laaq:nf4', got {name!r}")
+    kind, _, fmt = name.strip().lower().partition(":")
+    if kind in ("bf16", "ckpt"):
+        if fmt:
+            raise PlannerError(f"option {name!r}: {kind} takes no format")
+        return kind, None
+    if kind in ("laaq", "qckpt"):
+        if not fmt:
+            raise PlannerError(f"option {name!r} needs a format, e.g. {kind}:nf4")
+        return kind, check_candidates([fmt])[0]
+    raise PlannerError(f"unknown budget option {name!r}; options are bf16, ckpt, laaq:FMT, qckpt:FMT "
+                       f"(FMT an activation format), default {','.join(DEFAULT_OPTIONS)}")
+
+
+def _dev(device):
+    from agoq_core.scale.devices import device_profile
+
+    return device_profile(device)
+
+
+def layer_options(shape: TransformerShape, *, seq_len: int, batch: int = 1, device="H200",
+                  options: Sequence[str] = DEFAULT_OPTIONS) -> list[LayerOption]:
+    """Bytes and seconds of each option for one decoder layer of ``shape``."""
+    from agoq_core.scale import compute as C
+    from agoq_core.scale.memory import hf_plain_layer_bytes
+
+    dev = _dev(device)
+    S, T = seq_len, seq_len * batch
+    h, i = shape.hidden, shape.intermediate
+    lc = C.layer_cost(shape, T, S, dev, elementwise="hf")
+    base = lc.forward + lc.backward + dev.layer_overhead_s
+    # HF's checkpointed layer runs its forward once more (non-reentrant); launches counted as a third of
+    # the layer's forward+backward overhead (scale.single_gpu.h200_check, the same rule)
+    recompute = lc.forward + dev.layer_overhead_s / 3
+    plain = hf_plain_layer_bytes(shape, T)
+    # backward workspace of a plain HF layer: dgate, dup, dh (3 x 2 B x i) + the attention / norm part
+    work = 6 * T * i + LAAQ_TRANSIENT_FIT[1] * T * h
+    rows = min(T, max(1, _SWIGLU_CHUNK_ELEMS // i))
+    laaq_work = LAAQ_TRANSIENT_FIT[0] * rows * i + LAAQ_TRANSIENT_FIT[1] * T * h
+    names = [parse_option(o) for o in options]
+    fmts = sorted({f for k, f in names if k == "laaq"})
+    table = ActivationCostTable.from_formula(shape, tokens=T, formats=fmts, seq_len=S) if fmts else None
+    out, seen = [], set()
+    for kind, fmt in names:
+        name = kind if fmt is None else f"{kind}:{fmt}"
+        if name in seen:
+            continue
+        seen.add(name)
+        if kind == "bf16":
+            out.append(LayerOption(name, plain, work, base))
+        elif kind == "laaq":
+            lf, lb = C.laaq_overhead(shape, T, dev, fmt, quantize_attn_out=False, elementwise="hf")
+            out.append(LayerOption(name, table.bytes_for(fmt), laaq_work, base + lf + lb))
+        elif kind == "ckpt":
+            out.append(LayerOption(name, 2 * T * h, plain + work, base + recompute))
+        else:  # qckpt: the input in fmt, dequantized (2 B x T x h) while the layer is recomputed
+            codec = C._codec_s(dev, "quantize", fmt, T * h) + C._codec_s(dev, "dequantize", fmt, T * h)
+            out.append(LayerOption(name, get_format(fmt).storage_bytes(T * h), plain + work + 2 * T * h,
+                                   base + recompute + codec))
+    return out
+
+
+def head_cost(shape: TransformerShape, *, seq_len: int, batch: int = 1, device="H200",
+              loss: Loss = "chunked") -> HeadCost:
+    """Final norm + LM head + loss. ``chunked``: agoq_core.laaq.chunked_linear_cross_entropy (or Liger's
+    fused linear cross-entropy) with the final norm under LAAQ: keeps the norm's nf4 input, recomputes
+    each chunk's logits in backward. ``hf``: the model's own loss (fp32 logits)."""
+    from agoq_core.scale import compute as C
+
+    if loss not in ("chunked", "hf"):
+        raise PlannerError(f"loss must be 'chunked' or 'hf', got {loss!r}")
+    dev = _dev(device)
+    T, h, V = seq_len * batch, shape.hidden, shape.vocab
+    hf, hb = C.head_cost(shape, T, dev, elementwise="hf")
+    if loss == "hf":
+        # final norm (fp32 input, normalized bf16, fp32 rstd), LM-head input, fp32 log-softmax
+        saved = 4 * T * h + 2 * T * h + 4 * T + 2 * T * h + 4 * T * V
+        return HeadCost(saved, HF_LOSS_TRANSIENT_PER_LOGIT * T * V, hf + hb, loss)
+    c = min(T, CE_CHUNK)
+    saved = get_format("nf4").storage_bytes(T * h)
+    # one chunk's fp32 logits + softmax + bf16 grad, the recomputed norm (fp32 + bf16), dh, fp32 dW
+    transient = 10 * c * V + 8 * T * h + 2 * T * h + 4 * V * h
+    extra = 2.0 * T * h * V / dev.gemm_flops  # the logits GEMM again in backward
+    return HeadCost(saved, transient, hf + hb + extra, loss)
+
+
+# ---- the exact solver ---------------------------------------------------------------------------------
+def _ns(seconds: float) -> int:
+    return int(round(seconds * 1e9))
+
+
+@dataclass(frozen=True)
+class _Solved:
+    choices: tuple[int, ...]
+    time_ns: int
+    saved: int
+    transient: int
+
+
+def solve_budget(units: Sequence[Sequence[LayerOption]], cap: int, *, floor_transient: int = 0) -> _Solved | None:
+    """Per unit one option, minimising summed time, with ``sum saved + max(floor, max transient) <= cap``.
+
+    Exact (see the module docstring); None when nothing fits. Ties: lower peak, then the first option."""
+    if not units or any(len(u) == 0 for u in units):
+        raise PlannerError("solve_budget: every unit needs at least one option")
+    levels = sorted({max(floor_transient, o.transient_bytes) for u in units for o in u})
+    best: _Solved | None = None
+    for lv in levels:
+        allowed = [[j for j, o in enumerate(u) if max(floor_transient, o.transient_bytes) <= lv] for u in units]
+        if any(not a for a in allowed) or cap - lv < 0:
+            continue
+        chunk = [[Option(u[j].name, u[j].saved_bytes, _ns(u[j].time_s)) for j in a] for u, a in zip(units, allowed)]
+        sol = solve_rank([chunk], [0], [(1,)], cap - lv)
+        if sol is None:
+            continue
+        ch = tuple(a[j] for a, j in zip(allowed, sol.choices[0]))
+        picked = [u[j] for u, j in zip(units, ch)]
+        t = max([floor_transient] + [o.transient_bytes for o in picked])
+        cand = _Solved(ch, sum(_ns(o.time_s) for o in picked), sum(o.saved_bytes for o in picked), t)
+        if best is None or (cand.time_ns, cand.saved + cand.transient) < (best.time_ns, best.saved + best.transient):
+            best = cand
+    return best
+
+
+# ---- the verb -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BudgetPlan:
+    """Per-layer choice, its predicted peak and step time. ``apply`` with agoq_core.laaq.apply_policy."""
+
+    model: str
+    shape: TransformerShape
+    seq_len: int
+    batch: int
+    device: str
+    budget_bytes: int
+    usable_bytes: int
+    headroom: float
+    loss: str
+    choices: tuple[str, ...]
+    """Per decoder layer (index = layer): an option name (bf16, laaq:FMT, ckpt, qckpt:FMT)."""
+    options: tuple[LayerOption, ...]
+    head: HeadCost
+    static: dict[str, int]
+    fixed_bytes: int
+    saved_bytes: int
+    transient_bytes: int
+    layer_time_s: float
+    head_time_s: float
+    optimizer_time_s: float
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def peak_bytes(self) -> int:
+        return sum(self.static.values()) + self.fixed_bytes + self.saved_bytes + self.transient_bytes
+
+    @property
+    def step_time_s(self) -> float:
+        return self.layer_time_s + self.head_time_s + self.optimizer_time_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.seq_len * self.batch / self.step_time_s
+
+    @property
+    def mix(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for c in self.choices:
+            out[c] = out.get(c, 0) + 1
+        return out
+
+    def layers_with(self, kind: str) -> list[int]:
+        return [i for i, c in enumerate(self.choices) if c.split(":")[0] == kind]
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model, "seq_len": self.seq_len, "batch": self.batch, "device": self.device,
+            "budget_bytes": self.budget_bytes, "usable_bytes": self.usable_bytes, "headroom": self.headroom,
+            "loss": self.loss, "choices": list(self.choices), "mix": self.mix,
+            "predicted_peak_bytes": self.peak_bytes, "predicted_step_s": self.step_time_s,
+            "predicted_tokens_per_s": self.tokens_per_s,
+            "peak_parts": {**self.static, "fixed": self.fixed_bytes, "saved_layers": self.saved_bytes,
+                           "transient": self.transient_bytes},
+            "time_parts": {"layers": self.layer_time_s, "head": self.head_time_s, "optimizer": self.optimizer_time_s},
+            "options": [o.__dict__ for o in self.options], "head": self.head.__dict__, "notes": list(self.notes),
+        }
+
+    def render(self) -> str:
+        from agoq_core.planner.explain import fmt_bytes
+
+        by = {o.name: o for o in self.options}
+        lines = [f"memory-budget policy: {self.model}, {self.batch} x {self.seq_len} tokens, {self.device}, "
+                 f"budget {fmt_bytes(self.budget_bytes)} (plans to {fmt_bytes(self.usable_bytes)}: "
+                 f"{self.headroom:.0%} headroom), loss {self.loss}",
+                 "", f"  {'option':<11} {'layers':>6} {'keeps/layer':>12} {'+backward':>11} {'ms/layer':>9}  which"]
+        for name, n in sorted(self.mix.items(), key=lambda kv: self.choices.index(kv[0])):
+            o = by[name]
+            idx = [i for i, c in enumerate(self.choices) if c == name]
+            lines.append(f"  {name:<11} {n:>6} {fmt_bytes(o.saved_bytes):>12} {fmt_bytes(o.transient_bytes):>11} "
+                         f"{o.time_s * 1e3:>9.1f}  {_ranges(idx)}")
+        st = self.static
+        lines += ["", f"  predicted peak {fmt_bytes(self.peak_bytes)} = weights {fmt_bytes(st['params'])} + grads "
+                      f"{fmt_bytes(st['grads'])} + optimizer {fmt_bytes(st['optimizer'])} + ids/RoPE "
+                      f"{fmt_bytes(self.fixed_bytes)} + saved {fmt_bytes(self.saved_bytes)} + backward transient "
+                      f"{fmt_bytes(self.transient_bytes)}",
+                  f"  predicted step {self.step_time_s:.3f} s = layers {self.layer_time_s:.3f} + head/loss "
+                  f"{self.head_time_s:.3f} + optimizer {self.optimizer_time_s:.3f}  ->  {self.tokens_per_s:,.0f} "
+                  "tokens/s"]
+        lines += [f"  note: {n}" for n in self.notes]
+        lines += ["  options considered (per layer): " + ", ".join(
+            f"{o.name} {fmt_bytes(o.saved_bytes)}/{o.time_s * 1e3:.1f} ms" for o in self.options)]
+        return "\n".join(lines)
+
+
+def _ranges(xs: Sequence[int]) -> str:
+    out, i = [], 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def plan_budget(model: object, *, budget: int | str, seq_len: int, batch: int = 1, device="H200",
+                options: Sequence[str] | str = DEFAULT_OPTIONS, loss: Loss = "chunked", headroom: float = 0.02,
+                static: StaticMemoryConfig = BUDGET_STATIC) -> BudgetPlan:
+    """The per-layer mix with the highest predicted tokens/s whose predicted peak fits ``budget``.
+
+    ``model``: a preset name, a TransformerShape or an HF config/model. ``budget``: bytes or a string
+    (``"80GiB"``) of memory the process may allocate; ``headroom`` of it is left for the allocator.
+    Raises BudgetError naming the smallest budget that fits when nothing does."""
+    from agoq_core.planner.explain import fmt_bytes, parse_bytes
+    from agoq_core.scale import compute as C
+
+    shape = model_shape(model)
+    for what, v in (("seq_len", seq_len), ("batch", batch)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise PlannerError(f"{what} must be an int >= 1, got {v!r}")
+    if not 0 <= headroom < 0.5:
+        raise PlannerError(f"headroom must be in [0, 0.5), got {headroom!r}")
+    budget_b = parse_bytes(budget) if isinstance(budget, str) else budget
+    if isinstance(budget_b, bool) or not isinstance(budget_b, int) or budget_b <= 0:
+        raise PlannerError(f"budget must be a positive number of bytes or a string like '80GiB', got {budget!r}")
+    if isinstance(options, str):
+        options = [o for o in options.split(",") if o.strip()]
+    if not options:
+        raise PlannerError(f"no budget options given; choose from bf16, ckpt, laaq:FMT, qckpt:FMT "
+                           f"(default {','.join(DEFAULT_OPTIONS)})")
+    dev = _dev(device)
+    T = seq_len * batch
+    opts = layer_options(shape, seq_len=seq_len, batch=batch, device=dev, options=options)
+    head = head_cost(shape, seq_len=seq_len, batch=batch, device=dev, loss=loss)
+    params = shape.layers * shape.layer_params + shape.embed_params + (
+        0 if shape.tie_embeddings else shape.vocab * shape.hidden) + shape.hidden
+    st = static_bytes(params, static)
+    fixed = 8 * T + 2 * 2 * T * shape.head_dim  # token ids (int64) + RoPE cos/sin (bf16) shared by all layers
+    usable = int(budget_b * (1.0 - headroom))
+    cap = usable - sum(st.values()) - fixed  # the head's saved bytes enter through the floor
+    sol = solve_budget([opts] * shape.layers, cap, floor_transient=head.saved_bytes + head.transient_bytes)
+    if sol is None:
+        smallest = min(opts, key=lambda o: o.saved_bytes)
+        worst_t = max(head.saved_bytes + head.transient_bytes, smallest.transient_bytes)
+        need = sum(st.values()) + fixed + shape.layers * smallest.saved_bytes + worst_t
+        # the true minimum over all mixes (the options' smallest peak): solve with an unbounded cap
+        lo = _min_peak([opts] * shape.layers, head.saved_bytes + head.transient_bytes)
+        need = min(need, sum(st.values()) + fixed + lo)
+        raise BudgetError(
+            f"{shape.name} at {batch} x {seq_len} tokens does not fit {fmt_bytes(budget_b)} ({fmt_bytes(usable)} "
+            f"after {headroom:.0%} headroom) with any per-layer mix of {', '.join(o.name for o in opts)}: the "
+            f"smallest needs {fmt_bytes(need)} = static {fmt_bytes(sum(st.values()))} (weights, grads, optimizer) + "
+            f"{fmt_bytes(need - sum(st.values()))} of activations; need a budget of at least "
+            f"{fmt_bytes(math.ceil(need / (1.0 - headroom)))}, or a shorter sequence, or smaller options "
+            f"(qckpt:nf4 keeps the least)")
+    picked = [opts[j] for j in sol.choices]
+    lf = sum(o.time_s for o in picked)
+    notes = []
+    if sol.transient > head.saved_bytes + head.transient_bytes:
+        notes.append("the peak is reached while a layer's backward runs (its recomputation / workspace)")
+    else:
+        notes.append("the peak is reached in the loss's backward (all layers' saved bytes alive)")
+    return BudgetPlan(
+        model=shape.name, shape=shape, seq_len=seq_len, batch=batch, device=dev.name, budget_bytes=budget_b,
+        usable_bytes=usable, headroom=headroom, loss=loss, choices=tuple(o.name for o in picked), options=tuple(opts),
+        head=head, static=st, fixed_bytes=fixed, saved_bytes=sol.saved, transient_bytes=sol.transient,
+        layer_time_s=lf, head_time_s=head.time_s, optimizer_time_s=C.optimizer_seconds(params, dev, static.optimizer),
+        notes=tuple(notes))
+
+
+def _min_peak(units: Sequence[Sequence[LayerOption]], floor: int) -> int:
+    """Smallest ``sum saved + max(floor, max transient)`` over all choices (exact, per transient level)."""
+    best = None
+    for lv in sorted({max(floor, o.transient_bytes) for u in units for o in u}):
+        mins = [min((o.saved_bytes for o in u if max(floor, o.transient_bytes) <= lv), default=None) for u in units]
+        if None in mins:
+            continue
+        v = sum(mins) + lv
+        best = v if best is None else min(best, v)
+    return best

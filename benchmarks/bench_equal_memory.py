@@ -1,0 +1,577 @@
+#!/usr/bin/env python
+"""Equal-memory comparison on one GPU: every single-GPU alternative vs AGoQ (LAAQ, the memory-budget policy).
+
+LLaMA-2-7B shapes, HF transformers, bf16 weights, batch 1, random init, a full training step (forward,
+backward, torchao AdamW8bit step; gradients zeroed in place, not freed), SDPA attention. Each configuration
+runs in its own process (one per configuration and memory cap) and climbs its sequence ladder until the
+first OOM (recorded, the ladder stops, the next process starts clean). Budgets: the whole device and an
+80 GiB cap (torch.cuda.set_per_process_memory_fraction).
+
+Configurations (``--configs``; ``-c`` = every decoder layer torch.compile'd, as torchtitan does):
+  plain[-c]         the model as is, HF's loss
+  ckpt[-c]          full activation checkpointing (torch checkpoint_wrapper, non-reentrant, every layer)
+  partial[-c]       the fewest checkpointed layers that fit (first guess from agoq_core.planner.budget with
+                    bf16/ckpt only, then more layers on OOM, in the same process)
+  sac[-c]           op-level selective checkpointing as torchtitan configures it (save mm -- every other
+                    one -- and SDPA outputs; torchtitan.distributed.activation_checkpoint._apply_op_sac)
+  offload           saved tensors on the CPU (torch.autograd.graph.save_on_cpu, pinned)
+  liger             Liger-Kernel (RMSNorm, SwiGLU, RoPE, fused linear CE) + the fastest of none/sac/partial/ckpt
+                    that fits (needs liger_kernel + CUDA)
+  fp8-c             torchao float8 (tensorwise) on the decoder Linears, compiled, + fastest of none/sac/ckpt
+                    that fits (needs CUDA, SM89+)
+  laaq[-c]          agoq_core.laaq.apply (nf4, paper policy) + the chunked linear cross-entropy
+  laaq-liger        Liger's RMSNorm + RoPE kernels under LAAQ (LAAQ keeps the norms' 4-bit inputs and calls
+                    Liger's norm; Liger's SwiGLU is left out: LAAQ's SwiGLU keeps gate/up at 4 bits where
+                    Liger's keeps them in bf16) + chunked CE (needs liger_kernel + CUDA)
+  policy[-c]        agoq_core.planner.budget.plan_budget for the cap, applied with agoq_core.laaq.apply_policy
+                    + chunked CE; -c compiles the layers the plan leaves bf16/checkpointed
+  policy-fp8-c      the same with float8 Linears in every layer the plan does not give to LAAQ (GPU only)
+
+  python benchmarks/bench_equal_memory.py --quick   # H200, < 4 minutes: the most informative subset
+  python benchmarks/bench_equal_memory.py           # the full matrix (~1 hour)
+  python benchmarks/bench_equal_memory.py --smoke   # tiny shapes on CPU: tests the logic (a few minutes)
+
+Writes $OUT/bench_equal_memory.json (or --json), prints the table, saves the Pareto plot
+(tokens/s vs sequence length, one panel per budget) next to the JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parents[1]
+GIB = 1 << 30
+K = 1024
+
+ALL_CONFIGS = ("plain", "plain-c", "ckpt", "ckpt-c", "partial", "partial-c", "sac", "sac-c", "offload", "liger",
+               "fp8-c", "laaq", "laaq-c", "laaq-liger", "policy", "policy-c", "policy-fp8-c")
+QUICK = {  # config -> sequences, whole device only, most informative first (the time guard skips the tail):
+    # ~240 s on one H200 (process start ~10 s each, SAC's compile ~50 s, torchao AdamW8bit's compile ~30 s
+    # in the first process -- later ones hit the inductor cache --, a 64K policy step ~15 s). Plain is
+    # known to OOM beyond 16K (2026-11-29 run, even without optimizer states).
+    "policy": (16 * K, 32 * K, 64 * K), "sac-c": (32 * K,), "ckpt": (32 * K,), "laaq": (32 * K,),
+    "plain": (16 * K,),
+}
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny LLaMA on CPU, all configurations (logic only)")
+    ap.add_argument("--quick", action="store_true", help="the < 4 minute H200 subset (see QUICK)")
+    ap.add_argument("--configs", default=None, help=f"comma-separated, from {','.join(ALL_CONFIGS)}")
+    ap.add_argument("--seqs", default=None, help="ladder (default 8K,16K,32K,64K,96K,128K,160K,192K,256K)")
+    ap.add_argument("--caps", default=None, help="memory caps in GiB, 0 = whole device (default 0,80)")
+    ap.add_argument("--steps", type=int, default=2, help="timed steps per point after one warm-up [2]")
+    ap.add_argument("--layers", type=int, default=None, help="override the 32 decoder layers")
+    ap.add_argument("--budget-s", type=float, default=None, help="start no process after this many seconds")
+    ap.add_argument("--cell-timeout-s", type=float, default=None,
+                    help="kill a configuration's process after this many seconds [900; --quick 150]")
+    ap.add_argument("--json", default=None, help="output (default $OUT/bench_equal_memory.json)")
+    ap.add_argument("--compile-backend", default=None, help="torch.compile backend (default inductor; eager with --smoke)")
+    ap.add_argument("--fake-oom-above", type=int, default=None, help="testing: simulated OOM above this many tokens")
+    ap.add_argument("--cell", default=None, help=argparse.SUPPRESS)  # internal: run one configuration's ladder
+    return ap.parse_args(argv)
+
+
+# ============================================================ child: one configuration, one cap, its ladder
+def _use_checkout():
+    for sub in ("", "backends/triton_common", "backends/cuda"):
+        p = str(_ROOT / sub) if sub else str(_ROOT)
+        if Path(p).is_dir() and p not in sys.path:
+            sys.path.insert(0 if not sub else len(sys.path), p)
+
+
+def _shape_kw(smoke, layers):
+    kw = (dict(hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=4,
+               num_key_value_heads=4, vocab_size=512) if smoke else
+          dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+               num_key_value_heads=32, vocab_size=32000))
+    if layers:
+        kw["num_hidden_layers"] = layers
+    return kw
+
+
+def build(cell, device):
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    cfg = LlamaConfig(max_position_embeddings=max(cell["seqs"]), rms_norm_eps=1e-5, use_cache=False,
+                      attention_dropout=0.0, tie_word_embeddings=False, **_shape_kw(cell["smoke"], cell["layers"]))
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.train()
+    return model
+
+
+def _layers(model):
+    return model.model.layers
+
+
+def _wrap(model, idx, context_fn=None):
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+    kw = {"context_fn": context_fn} if context_fn is not None else {}
+    for i in idx:
+        _layers(model)[i] = checkpoint_wrapper(_layers(model)[i], checkpoint_impl=CheckpointImpl.NO_REENTRANT, **kw)
+
+
+def _sac_context_fn():
+    """torchtitan's op-level SAC policy (torchtitan 0.3 distributed/activation_checkpoint.py: save the
+    outputs of the ops in its save list, except every other mm), re-stated here so the GPU machine needs no
+    torchtitan wheel."""
+    from collections import defaultdict
+
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    ops = torch.ops.aten
+    save = {ops.mm.default, ops._scaled_dot_product_efficient_attention.default,
+            ops._scaled_dot_product_flash_attention.default, ops.max.default}
+    for name in ("_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu"):
+        if hasattr(ops, name):
+            save.add(getattr(ops, name).default)
+    if hasattr(torch.ops, "_c10d_functional"):
+        save.add(torch.ops._c10d_functional.reduce_scatter_tensor.default)
+
+    def context_fn():
+        meta = defaultdict(int)
+
+        def policy(ctx, func, *args, **kwargs):
+            key = f"{'recompute' if ctx.is_recompute else 'forward'}_mm_count"
+            if func == ops.mm.default:
+                meta[key] += 1
+            keep = func in save and not (func == ops.mm.default and meta[key] % 2 == 0)
+            return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+        return create_selective_checkpoint_contexts(policy)
+
+    return context_fn
+
+
+def _compile_layers(model, backend, only=None):
+    for i, layer in enumerate(_layers(model)):
+        if only is None or i in only:
+            layer.compile(backend=backend)
+
+
+def _float8(model, only=None):
+    import torch.nn as nn
+    from torchao.float8 import convert_to_float8_training
+
+    for i, layer in enumerate(_layers(model)):
+        if only is None or i in only:
+            convert_to_float8_training(layer, module_filter_fn=lambda m, fqn: isinstance(m, nn.Linear))
+
+
+def _optimizer(model, device):
+    import torch
+
+    try:
+        from torchao.optim import AdamW8bit
+
+        return AdamW8bit(model.parameters(), lr=1e-5), "torchao.optim.AdamW8bit"
+    except Exception as exc:  # noqa: BLE001 - recorded
+        if device.type == "cuda":
+            try:
+                import bitsandbytes as bnb
+
+                return bnb.optim.AdamW8bit(model.parameters(), lr=1e-5), "bitsandbytes.optim.AdamW8bit"
+            except Exception:  # noqa: BLE001
+                pass
+        return torch.optim.AdamW(model.parameters(), lr=1e-5), f"torch.optim.AdamW (no 8-bit optimizer: {exc})"
+
+
+def _plan(cell, model, seq, options, loss, device):
+    from agoq_core.planner.budget import plan_budget
+
+    import torch
+
+    from agoq_core.planner.errors import BudgetError
+
+    kw = dict(seq_len=seq, options=options, loss=loss, device=cell.get("profile", "H200"))
+    if cell["smoke"]:  # a tiny model fits any real budget: plan to the smallest of 16 budgets that fits
+        hi = plan_budget(model.config, budget=1 << 50, **kw).peak_bytes
+        plan = None
+        for f in [1 - i / 16 for i in range(16)]:
+            try:
+                plan = plan_budget(model.config, budget=int(hi * f / 0.98) + 1, **kw)
+            except BudgetError:
+                break
+        return plan
+    budget = cell["cap_bytes"] or torch.cuda.get_device_properties(device).total_memory
+    return plan_budget(model.config, budget=budget, **kw)
+
+
+class _FakeOOM(Exception):
+    pass
+
+
+def _setup(model, config, seq, cell, device, state):
+    """Turn ``model`` (fresh) into ``config`` at sequence ``seq``; returns (loss kind, description)."""
+    base = config[:-2] if config.endswith("-c") else config
+    compiled = config.endswith("-c")
+    be = cell["compile_backend"]
+    L = len(_layers(model))
+    desc = {}
+    if base == "plain":
+        pass
+    elif base == "ckpt":
+        _wrap(model, range(L))
+    elif base == "partial":
+        n = state.get("partial_n")
+        if n is None:
+            try:
+                p = _plan(cell, model, seq, "bf16,ckpt", "hf", device)
+                n = len(p.layers_with("ckpt"))
+            except Exception:  # noqa: BLE001 - the planner says nothing fits: start from all
+                n = L
+        state["partial_n"] = n
+        _wrap(model, range(n))
+        desc["ckpt_layers"] = n
+    elif base == "sac":
+        _wrap(model, range(L), _sac_context_fn())
+    elif base == "offload":
+        pass  # the step runs under save_on_cpu
+    elif base in ("laaq", "laaq-liger"):
+        from agoq_core import laaq
+
+        if base == "laaq-liger":
+            from liger_kernel.transformers import apply_liger_kernel_to_llama
+
+            apply_liger_kernel_to_llama(rope=True, rms_norm=True, swiglu=False, cross_entropy=False,
+                                        fused_linear_cross_entropy=False, model=model)
+        desc["laaq"] = str(laaq.apply(model))
+        if compiled:
+            _compile_layers(model, be)
+        return "chunked", desc
+    elif base in ("policy", "policy-fp8"):
+        from agoq_core.laaq.policy import apply_policy
+
+        plan = _plan(cell, model, seq, "bf16,laaq:nf4,laaq:int5,laaq:int6,laaq:int8,ckpt,qckpt:nf4,qckpt:int8",
+                     "chunked", device)
+        desc.update(mix=plan.mix, choices=list(plan.choices), predicted_peak_bytes=plan.peak_bytes,
+                    predicted_step_s=plan.step_time_s, predicted_tokens_per_s=plan.tokens_per_s)
+        not_laaq = {i for i, c in enumerate(plan.choices) if not c.startswith("laaq")}
+        if base == "policy-fp8":
+            _float8(model, not_laaq)
+        if compiled:  # the inner layers the plan leaves bf16 / checkpointed (LAAQ's own forwards run eager)
+            _compile_layers(model, be, not_laaq)
+        apply_policy(model, plan)
+        return "chunked", desc
+    elif base in ("liger", "fp8"):
+        chain = state.setdefault("chain", ["none", "sac", "partial", "ckpt"] if base == "liger" else
+                                 ["none", "sac", "ckpt"])
+        mode = chain[0]
+        if base == "liger":
+            from liger_kernel.transformers import apply_liger_kernel_to_llama
+
+            apply_liger_kernel_to_llama(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                                        fused_linear_cross_entropy=True, model=model)
+        else:
+            _float8(model)
+        if mode == "sac":
+            _wrap(model, range(L), _sac_context_fn())
+        elif mode == "ckpt":
+            _wrap(model, range(L))
+        elif mode == "partial":
+            p = _plan(cell, model, seq, "bf16,ckpt", "chunked", device)
+            _wrap(model, range(len(p.layers_with("ckpt"))))
+            desc["ckpt_layers"] = len(p.layers_with("ckpt"))
+        desc["checkpointing"] = mode
+        if compiled:
+            _compile_layers(model, be)
+        return ("hf" if base != "liger" else "liger"), desc
+    else:
+        raise ValueError(f"unknown configuration {config!r}; known: {', '.join(ALL_CONFIGS)}")
+    if compiled:
+        _compile_layers(model, be)
+    return "hf", desc
+
+
+def _step(model, ids, loss_kind, opt, offload):
+    import contextlib
+
+    import torch
+
+    from agoq_core.laaq import chunked_linear_cross_entropy
+
+    ctx = torch.autograd.graph.save_on_cpu(pin_memory=True) if offload else contextlib.nullcontext()
+    with ctx:
+        if loss_kind == "chunked":
+            hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
+            loss = chunked_linear_cross_entropy(hidden, model.lm_head.weight, ids)
+            del hidden
+        else:  # HF's loss; Liger's patched forward computes its fused linear CE from labels
+            out = model(input_ids=ids, labels=ids, use_cache=False)
+            loss = out.loss
+            del out
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=False)  # gradients stay allocated (the planner's static memory counts them)
+    return float(loss.detach())
+
+
+def run_cell(cell):
+    import torch
+
+    _use_checkout()
+    device = torch.device(cell["device"])
+    cuda = device.type == "cuda"
+    if cuda and cell["cap_bytes"]:
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cell["cap_bytes"] / total), device)
+    config = cell["config"]
+    results = []
+    state: dict = {}
+    for seq in cell["seqs"]:
+        while True:  # retries: partial with more layers, liger/fp8 with the next checkpointing
+            res = {"config": config, "seq": seq, "cap_gib": cell["cap_bytes"] / GIB if cell["cap_bytes"] else 0}
+            model = opt = None
+            oom = None
+            try:
+                model = build(cell, device)
+                loss_kind, desc = _setup(model, config, seq, cell, device, state)
+                res.update(desc, loss_kind=loss_kind)
+                opt, res["optimizer"] = _optimizer(model, device)
+                if cell["fake_oom_above"] is not None and seq > cell["fake_oom_above"]:
+                    raise _FakeOOM(f"simulated OOM above {cell['fake_oom_above']} tokens")
+                gen = torch.Generator().manual_seed(seq)
+                ids = torch.randint(0, model.config.vocab_size, (1, seq), generator=gen).to(device)
+                offload = config == "offload"
+                t0 = time.perf_counter()
+                res["loss"] = _step(model, ids, loss_kind, opt, offload)  # warm-up: compile, optimizer states
+                res["first_step_s"] = time.perf_counter() - t0
+                if cuda:
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                t0 = time.perf_counter()
+                for _ in range(cell["steps"]):
+                    _step(model, ids, loss_kind, opt, offload)
+                if cuda:
+                    torch.cuda.synchronize()
+                dt = (time.perf_counter() - t0) / cell["steps"]
+                res.update(step_s=dt, tokens_per_s=seq / dt, oom=False,
+                           peak_bytes=torch.cuda.max_memory_allocated(device) if cuda else None,
+                           reserved_peak_bytes=torch.cuda.max_memory_reserved(device) if cuda else None)
+            except (torch.OutOfMemoryError, _FakeOOM) as exc:
+                oom = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+            except ImportError as exc:
+                res.update(oom=False, unavailable=f"{type(exc).__name__}: {exc}"[:300])
+            except Exception as exc:  # noqa: BLE001 - a failing cell must not lose the run
+                import traceback
+
+                res.update(oom=False, failed=f"{type(exc).__name__}: {str(exc)[:300]}",
+                           traceback=traceback.format_exc()[-1500:])
+            if oom is not None:
+                res.update(oom=True, error=oom)
+            del model, opt
+            gc.collect()
+            if cuda:
+                torch.cuda.empty_cache()
+            print("CELL " + json.dumps(res, default=str), flush=True)
+            retry = False
+            if res.get("oom"):
+                base = config[:-2] if config.endswith("-c") else config
+                L = cell["layers"] or (4 if cell["smoke"] else 32)  # noqa: N806
+                if base == "partial" and state.get("partial_n", L) < L:
+                    state["partial_n"] = min(L, state["partial_n"] + max(1, L // 8))
+                    retry = True
+                elif base in ("liger", "fp8") and len(state.get("chain", [])) > 1:
+                    state["chain"].pop(0)
+                    retry = True
+            results.append(res)
+            if not retry:
+                break
+        last = results[-1]
+        if last.get("oom") or last.get("unavailable") or last.get("failed"):
+            break  # longer sequences need more memory: the ladder ends here
+    return results
+
+
+# ============================================================ parent: one process per configuration and cap
+def _seqs(text, smoke):
+    if text:
+        return tuple(int(x[:-1]) * K if x.lower().endswith("k") else int(x) for x in text.split(","))
+    return (64, 128, 256) if smoke else tuple(k * K for k in (8, 16, 32, 64, 96, 128, 160, 192, 256))
+
+
+def _cells(args):
+    dev = "cpu" if args.smoke else "cuda"
+    common = dict(device=dev, smoke=args.smoke, layers=args.layers, steps=args.steps,
+                  fake_oom_above=args.fake_oom_above,
+                  compile_backend=args.compile_backend or ("eager" if args.smoke else "inductor"))
+    configs = args.configs.split(",") if args.configs else (list(QUICK) if args.quick else list(ALL_CONFIGS))
+    unknown = [c for c in configs if c not in ALL_CONFIGS]
+    if unknown:
+        raise SystemExit(f"unknown configuration(s) {unknown}; known: {', '.join(ALL_CONFIGS)}")
+    caps = [0.0] if (args.smoke or args.quick) and args.caps is None else [float(c) for c in (args.caps or "0,80").split(",")]
+    out = []
+    for cap in caps:
+        for c in configs:
+            seqs = QUICK[c] if args.quick and not args.seqs and c in QUICK else _seqs(args.seqs, args.smoke)
+            out.append(dict(common, config=c, seqs=list(seqs), cap_bytes=int(cap * GIB)))
+    return out
+
+
+def _environment(device):
+    try:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import harness  # benchmarks/harness.py (i13-core): date, command, versions, device
+
+        return harness.environment(device)
+    except Exception:  # noqa: BLE001 - older checkouts: a minimal record
+        import datetime
+        import platform
+
+        import torch
+
+        env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "command": " ".join([os.path.basename(sys.executable), *sys.argv]), "host": platform.node(),
+               "torch": torch.__version__}
+        if device == "cuda" and torch.cuda.is_available():
+            p = torch.cuda.get_device_properties(0)
+            env.update(gpu=p.name, memory_gib=round(p.total_memory / GIB, 1))
+        return env
+
+
+def table(rows, smoke):
+    unit, uname = ((1 << 20), "MiB") if smoke else (GIB, "GiB")
+    lines = [f"{'config':<14} {'cap':>5} {'seq':>7} {'tokens/s':>10} {'peak ' + uname:>10} {'pred ' + uname:>10}  note"]
+    for r in rows:
+        cap = f"{r['cap_gib']:.0f}" if r.get("cap_gib") else "all"
+        if r.get("unavailable") or r.get("failed"):
+            note, tps, pk = (r.get("unavailable") or r.get("failed"))[:60], "-", "-"
+        elif r.get("oom"):
+            note, tps, pk = "OOM", "-", "-"
+        else:
+            tps = f"{r['tokens_per_s']:,.0f}"
+            pk = f"{r['peak_bytes'] / unit:.1f}" if r.get("peak_bytes") else "n/a"
+            note = ", ".join(f"{k}={v}" for k, v in (("ckpt_layers", r.get("ckpt_layers")),
+                                                        ("ckpt", r.get("checkpointing")), ("mix", r.get("mix")))
+                             if v is not None)
+        pred = f"{r['predicted_peak_bytes'] / unit:.1f}" if r.get("predicted_peak_bytes") else ""
+        lines.append(f"{r['config']:<14} {cap:>5} {r['seq']:>7} {tps:>10} {pk:>10} {pred:>10}  {note}")
+    return "\n".join(lines)
+
+
+def summarize(rows):
+    """Longest sequence per (config, cap), and per (cap, seq) the fastest alternative vs AGoQ's best."""
+    agoq = ("laaq", "laaq-c", "laaq-liger", "policy", "policy-c", "policy-fp8-c")
+    ok = [r for r in rows if not r.get("oom") and r.get("tokens_per_s")]
+    longest = {}
+    for r in ok:
+        k = f"{r['config']}@{r['cap_gib']:.0f}"
+        longest[k] = max(longest.get(k, 0), r["seq"])
+    cmp = []
+    for cap in sorted({r["cap_gib"] for r in rows}):
+        for seq in sorted({r["seq"] for r in rows}):
+            here = [r for r in ok if r["cap_gib"] == cap and r["seq"] == seq]
+            alt = max((r for r in here if r["config"] not in agoq), key=lambda r: r["tokens_per_s"], default=None)
+            ours = max((r for r in here if r["config"] in agoq), key=lambda r: r["tokens_per_s"], default=None)
+            plain = next((r for r in here if r["config"] == "plain"), None)
+            if alt or ours:
+                cmp.append({"cap_gib": cap, "seq": seq, "fastest_alternative": alt and alt["config"],
+                            "alternative_tokens_per_s": alt and alt["tokens_per_s"],
+                            "agoq_best": ours and ours["config"], "agoq_tokens_per_s": ours and ours["tokens_per_s"],
+                            "ratio": (ours["tokens_per_s"] / alt["tokens_per_s"]) if (alt and ours) else None,
+                            "plain_fits": plain is not None})
+    pred = [{"config": r["config"], "seq": r["seq"], "cap_gib": r["cap_gib"], "measured": r["peak_bytes"],
+             "predicted": r["predicted_peak_bytes"], "error": r["predicted_peak_bytes"] / r["peak_bytes"] - 1}
+            for r in ok if r.get("predicted_peak_bytes") and r.get("peak_bytes")]
+    return {"longest_seq": longest, "agoq_vs_fastest_alternative": cmp, "policy_peak_prediction": pred}
+
+
+def plot(rows, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    caps = sorted({r["cap_gib"] for r in rows})
+    fig, axes = plt.subplots(1, len(caps), figsize=(6.5 * len(caps), 4.5), squeeze=False)
+    for ax, cap in zip(axes[0], caps):
+        for cfg in dict.fromkeys(r["config"] for r in rows):
+            pts = sorted((r["seq"], r["tokens_per_s"]) for r in rows
+                         if r["config"] == cfg and r["cap_gib"] == cap and not r.get("oom") and r.get("tokens_per_s"))
+            if pts:
+                style = "-o" if cfg.startswith(("laaq", "policy")) else "--."
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=cfg)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sequence length (tokens)")
+        ax.set_ylabel("tokens/s")
+        ax.set_title(f"budget: {'whole device' if not cap else f'{cap:.0f} GiB'}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return str(path)
+
+
+def main(argv=None):
+    args = parse(argv)
+    if args.cell:
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+        run_cell(json.loads(args.cell))
+        return 0
+    t_start = time.time()
+    budget_s = args.budget_s if args.budget_s is not None else (230.0 if args.quick else None)
+    rows, skipped = [], []
+    env = dict(os.environ)
+    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(_ROOT), str(_ROOT / "backends/triton_common"), str(_ROOT / "backends/cuda")] +
+        ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    for cell in _cells(args):
+        if budget_s is not None and time.time() - t_start > budget_s:
+            skipped.append(f"{cell['config']}@{cell['cap_bytes'] / GIB:.0f}GiB: time budget {budget_s:.0f} s spent")
+            continue
+        t0 = time.time()
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--cell", json.dumps(cell)]
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.cell_timeout_s or (150.0 if args.quick else 900.0))
+            out, err, rc = p.stdout, p.stderr, p.returncode
+        except subprocess.TimeoutExpired as exc:
+            out, err, rc = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or ""), "", -9
+        got = [json.loads(line[5:]) for line in out.splitlines() if line.startswith("CELL ")]
+        for r in got:
+            r["process_s"] = round(time.time() - t0, 1)
+        if rc != 0 and (not got or not got[-1].get("oom")):
+            got.append({"config": cell["config"], "seq": cell["seqs"][len(got)] if len(got) < len(cell["seqs"]) else -1,
+                        "cap_gib": cell["cap_bytes"] / GIB, "oom": False,
+                        "failed": f"process exit {rc}: {err.strip().splitlines()[-1][:300] if err.strip() else ''}"})
+        rows += got
+        print(f"[{time.time() - t_start:6.0f} s] {cell['config']} cap={cell['cap_bytes'] / GIB:.0f}: "
+              + ", ".join(f"{r['seq']}:{'OOM' if r.get('oom') else ('x' if r.get('failed') or r.get('unavailable') else round(r['tokens_per_s']))}"
+                          for r in got), flush=True)
+    report = {"meta": _environment("cpu" if args.smoke else "cuda") | {
+        "model": "tiny LLaMA (CPU smoke)" if args.smoke else "LLaMA-2-7B shapes", "batch": 1,
+        "steps": args.steps, "quick": args.quick, "wall_s": round(time.time() - t_start, 1), "skipped": skipped},
+        "runs": rows, "summary": summarize(rows)}
+    print(table(rows, args.smoke))
+    for c in report["summary"]["agoq_vs_fastest_alternative"]:
+        if c["ratio"]:
+            print(f"cap {c['cap_gib']:.0f} seq {c['seq']}: {c['agoq_best']} / {c['fastest_alternative']} = "
+                  f"{c['ratio']:.3f}{' (plain fits)' if c['plain_fits'] else ''}")
+    for s in skipped:
+        print("skipped:", s)
+    path = args.json or (os.path.join(os.environ["OUT"], "bench_equal_memory.json") if os.environ.get("OUT") else None)
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(report, indent=1, default=str))
+        png = plot(rows, Path(path).with_suffix(".png"))
+        print(f"wrote {path}" + (f" and {png}" if png else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
