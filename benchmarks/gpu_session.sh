@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # One device call, several benchmarks: each stage gets its own time limit and writes into $OUT.
 #   bash benchmarks/gpu_session.sh STAGE[:SECONDS] ...
-# Stages: conformance, laaq, quangrad, fusion, codecs. Runs the repo in place via PYTHONPATH (the GPU
+# Stages: conformance, laaq, quangrad, fusion, codecs, torchtitan, equal-memory. Runs the repo in place via PYTHONPATH (the GPU
 # machine has torch + triton preinstalled and no network).
 set -u
 source "$(dirname "$0")/gpu_env.sh"
 OUT=${OUT:-/tmp/agoq-out}; mkdir -p "$OUT"
+# Wheels the GPU image lacks (torchtitan and its small deps, torchao) travel in .whl (docs/integrations.md).
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 date -u +%Y-%m-%dT%H:%M:%SZ | tee -a "$OUT/gpu.txt"
@@ -20,6 +25,7 @@ for spec in "$@"; do
     fusion)      cmd=(python3 benchmarks/bench_fusion.py) ;;
     codecs)      cmd=(python3 benchmarks/bench_codecs.py --deadline-s $((secs - 30))) ;;
     torchtitan)  cmd=(python3 benchmarks/bench_torchtitan.py --budget-s $((secs - 30))) ;;  # needs .whl (docs/integrations.md)
+    equal-memory) cmd=(python3 benchmarks/bench_equal_memory.py --quick) ;;  # needs the torchao wheel in .whl
     *) echo "unknown stage $stage"; continue ;;
   esac
   start=$(date +%s)
