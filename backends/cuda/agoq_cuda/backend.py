@@ -51,7 +51,7 @@ class CudaBackend(BackendBase):
         if self.interpreted:
             notes.insert(0, "Triton interpreter (TRITON_INTERPRET=1): CPU tensors, gloo collectives, slow")
         return Capabilities(
-            formats=frozenset(s.name for s in list_formats()),
+            formats=frozenset(s.name for s in list_formats(microscaling=True)),
             device_types=frozenset({self.device_type}),
             ops=_OPS,
             collectives=frozenset({"all_to_all", "all_gather"}),
