@@ -26,6 +26,9 @@ _KERNEL_OUTPUTS = (torch.float32, torch.bfloat16, torch.float16)
 def check_supported(be: "Backend", spec: FormatSpec, device: torch.device, op: str = "quantize",
                     dtype: torch.dtype | None = None) -> None:
     """Raise CapabilityError unless ``be`` claims ``op`` for ``spec`` on ``device`` (and ``dtype``)."""
+    if spec.tensor_scaled and op in ("accumulate", "reduce_requantize"):
+        raise FormatError(f"{op}: {spec.name} scales every block by a per-tensor scale, which a block-wise "
+                          "requantize cannot keep; use a format with block-local scales (mxfp8, fp8_e4m3, int8)")
     caps = be.capabilities()
     if op not in caps.ops:
         raise CapabilityError(f"{op!r} is not supported by backend {be.name!r} (it provides {sorted(caps.ops)}); "

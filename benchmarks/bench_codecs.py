@@ -4,6 +4,11 @@ One command on the lent H200 (a few minutes, about half of it torch.compile):
 
     PYTHONPATH=.:backends/triton_common:backends/cuda python benchmarks/bench_codecs.py
 
+(issue 17, < 3 minutes: ``--sizes-mib 1024 --no-sweep --deadline-s 140``; every format incl. mxfp4, mxfp8,
+nvfp4, torch.compile of the reference for int4/fp8_e4m3/mxfp4/nvfp4, and the fused RMSNorm+quantize rows at
+16K tokens x 4096 against HF's RMSNorm (eager and compiled) + the codec kernel.) Writes
+``$OUT/bench_codecs.md`` too.
+
 prints a table and writes ``$OUT/bench_codecs.json`` (or ``--json PATH``). ``--tiny`` runs the same code
 paths on tiny tensors through Triton's interpreter on CPU (timings meaningless; a smoke test).
 
@@ -29,17 +34,21 @@ import sys
 import time
 
 SIZES_MIB = (64, 256, 1024)
-GRAD_FORMATS = ("fp8_e4m3", "fp8_e5m2", "int8")
+GRAD_FORMATS = ("fp8_e4m3", "fp8_e5m2", "int8", "mxfp8")
 WORLD = 4
 
 
 def _parse(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tiny", action="store_true", help="CPU smoke test through Triton's interpreter")
+    ap.add_argument("--tiny", "--smoke", dest="tiny", action="store_true",
+                    help="CPU smoke test through Triton's interpreter")
     ap.add_argument("--sizes-mib", type=int, nargs="*", help=f"bf16 tensor sizes in MiB (default {SIZES_MIB})")
     ap.add_argument("--formats", nargs="*", help="formats (default: all)")
-    ap.add_argument("--compile-formats", nargs="*", default=["int4", "fp8_e4m3"],
-                    help="formats whose reference is also timed under torch.compile (default int4 fp8_e4m3)")
+    ap.add_argument("--compile-formats", nargs="*", default=["int4", "fp8_e4m3", "mxfp4", "nvfp4"],
+                    help="formats whose reference is also timed under torch.compile (default int4 fp8_e4m3 mxfp4 "
+                         "nvfp4)")
+    ap.add_argument("--norm-tokens", type=int, default=16384,
+                    help="tokens of the fused RMSNorm+quantize rows (hidden 4096, LLaMA-2-7B); 0 skips them")
     ap.add_argument("--compile-size-mib", type=int, default=256)
     ap.add_argument("--no-sweep", action="store_true", help="skip the launch-geometry sweep")
     ap.add_argument("--deadline-s", type=float, default=330.0,
@@ -63,7 +72,7 @@ def main(argv=None) -> dict:
     t_start = time.time()
     dev = torch.device("cpu" if args.tiny else "cuda")
     sizes = args.sizes_mib or ([1] if args.tiny else list(SIZES_MIB))
-    fmts = args.formats or [s.name for s in list_formats()]
+    fmts = args.formats or [s.name for s in list_formats(microscaling=True)]
     scale_div = 1024 if args.tiny else 1  # --tiny: "MiB" means KiB
 
     def over_deadline() -> bool:
@@ -237,6 +246,54 @@ def main(argv=None) -> dict:
             guarded(f"torch.compile {op} {fmt}", comp)
         del x
 
+    # ---- fused RMSNorm + quantize-its-input vs the unfused pair (LLaMA-2-7B hidden 4096) --------------------
+    fused: list[dict] = []
+    if args.norm_tokens:
+        from agoq_cuda.fused_norm import rmsnorm_quant_into
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+        hid = 4096 if not args.tiny else 256
+        tok = args.norm_tokens if not args.tiny else 8
+        xn = randn(tok * hid).view(tok, hid)
+        norm = LlamaRMSNorm(hid, eps=1e-5).to(dev, torch.bfloat16)
+        with torch.no_grad():
+            norm.weight.copy_(1 + 0.1 * randn(hid))
+        cnorm = torch.compile(norm) if not args.tiny else norm
+        for fmt in [f for f in ("int4", "nf4", "fp4_e2m1", "mxfp4", "nvfp4", "int8") if f in fmts]:
+            if over_deadline():
+                skipped.append(f"fused rmsnorm {fmt}")
+                continue
+
+            def fz(fmt=fmt):
+                spec = get_format(fmt)
+                n = xn.numel()
+                codes = torch.empty(spec.code_bytes(n), dtype=torch.uint8, device=dev)
+                scales = torch.empty(spec.num_blocks(n), dtype=torch.float32, device=dev)
+                y = torch.empty_like(xn)
+                with torch.no_grad():
+                    tf = bench(lambda: rmsnorm_quant_into(xn, norm.weight, 1e-5, spec, y, codes, scales))
+                    rc, rs = ref.quantize_blocks(xn, spec)
+                    exact = same(codes, rc) and same(scales, rs)
+                    yw = norm(xn)
+                    y_ulp_frac = float((y != yw).float().mean())
+                    y_close = bool(torch.allclose(y.float(), yw.float(), rtol=2.0 ** -7, atol=0))
+                    c2 = torch.empty_like(codes)
+                    s2 = torch.empty_like(scales)
+                    tu = bench(lambda: (norm(xn), launch.quantize(xn, spec, c2, s2)))
+                    cnorm(xn)
+                    tc = bench(lambda: (cnorm(xn), launch.quantize(xn, spec, c2, s2)))
+                nbytes = 2 * n * 2 + spec.code_bytes(n) + 4 * spec.num_blocks(n)  # read x once, write y + codes
+                fused.append({"fmt": fmt, "tokens": tok, "hidden": hid, "fused_us": tf * 1e3,
+                              "unfused_eager_us": tu * 1e3, "unfused_compiled_norm_us": tc * 1e3,
+                              "speedup_vs_eager_pair": tu / tf, "speedup_vs_compiled_pair": tc / tf,
+                              "pct_copy": 100 * nbytes / (tf * 1e-3) / 1e9 / copy_gbs, "codes_exact": exact,
+                              "y_within_one_bf16_rounding": y_close, "y_fraction_differing": y_ulp_frac})
+                if not exact or not y_close:
+                    errors.append(f"fused rmsnorm {fmt}: codes exact {exact}, y close {y_close}")
+
+            guarded(f"fused rmsnorm {fmt}", fz)
+        del xn
+
     # ---- launch-geometry sweep (informs the launcher's defaults) -------------------------------------------
     sweep: list[dict] = []
     if not args.no_sweep and not args.tiny:
@@ -290,6 +347,12 @@ def main(argv=None) -> dict:
         for s in sweep:
             print(f"  {s['fmt']:<9}{s['tile_lanes']:>6}{str(s['programs_per_sm']):>6} -> "
                   f"{s['quantize_us']:9.1f}{s['dequantize_us']:9.1f}")
+    for fz in fused:
+        print(f"fused rmsnorm+quantize {fz['fmt']:<9} {fz['tokens']}x{fz['hidden']}: {fz['fused_us']:.1f} us "
+              f"({fz['pct_copy']:.0f}% copy), x{fz['speedup_vs_eager_pair']:.2f} vs eager norm + codec, "
+              f"x{fz['speedup_vs_compiled_pair']:.2f} vs compiled norm + codec, codes exact {fz['codes_exact']}, "
+              f"y within one bf16 rounding {fz['y_within_one_bf16_rounding']} "
+              f"({100 * fz['y_fraction_differing']:.2f}% of y differ)")
     for s in skipped:
         print(f"not run (deadline {args.deadline_s:.0f} s): {s}")
     for e in errors:
@@ -301,7 +364,7 @@ def main(argv=None) -> dict:
         p = torch.cuda.get_device_properties(dev)
         env.update(gpu=p.name, sms=p.multi_processor_count, memory_gib=round(p.total_memory / 2**30, 1))
     result = {"env": env, "copy": {"size_mib": max(sizes), "us": t_copy * 1e3, "gb_s": copy_gbs}, "rows": rows,
-              "compile": compile_info, "sweep": sweep, "skipped": skipped,
+              "compile": compile_info, "sweep": sweep, "fused_rmsnorm": fused, "skipped": skipped,
               "errors": errors, "all_exact": bool(rows) and all(r["exact"] for r in rows) and not errors,
               "seconds": time.time() - t_start}
     path = args.json or (os.path.join(os.environ["OUT"], "bench_codecs.json") if os.environ.get("OUT") else None)
@@ -309,8 +372,32 @@ def main(argv=None) -> dict:
         with open(path, "w") as f:
             json.dump(result, f, indent=1)
         print(f"wrote {path}")
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "bench_codecs.md"), "w") as f:
+            f.write(markdown(result))
     print(f"all kernel outputs bit-exact with the reference: {result['all_exact']}  ({result['seconds']:.0f} s)")
     return result
+
+
+def markdown(result: dict) -> str:
+    """The docs/bench/codecs.md table of one run."""
+    e = result["env"]
+    out = [f"{e['date']}, {e.get('gpu', e['device'])}, torch {e['torch']}, triton {e['triton']}; copy "
+           f"{result['copy']['gb_s']:.0f} GB/s; command `{e['command']}`", "",
+           "| op | format | MiB | GB/s | % copy | x eager ref | x compiled ref | exact |", "|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        xe = "-" if r["speedup_vs_eager"] is None else f"{r['speedup_vs_eager']:.1f}"
+        xc = "-" if r["speedup_vs_compile"] is None else f"{r['speedup_vs_compile']:.2f}"
+        out.append(f"| {r['op']} | {r['fmt']} | {r['size_mib']} | {r['gb_s']:.0f} | {r['pct_copy']:.1f} | {xe} | {xc} "
+                   f"| {'yes' if r['exact'] else 'NO'} |")
+    if result.get("fused_rmsnorm"):
+        out += ["", "| fused RMSNorm+quantize | tokens x hidden | us | % copy | x eager pair | x compiled pair | "
+                "codes exact | y within 1 bf16 rounding |", "|---|---|---|---|---|---|---|---|"]
+        for f in result["fused_rmsnorm"]:
+            out.append(f"| {f['fmt']} | {f['tokens']}x{f['hidden']} | {f['fused_us']:.1f} | {f['pct_copy']:.0f} | "
+                       f"{f['speedup_vs_eager_pair']:.2f} | {f['speedup_vs_compiled_pair']:.2f} | {f['codes_exact']} | "
+                       f"{f['y_within_one_bf16_rounding']} |")
+    return "\n".join(out) + "\n"
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Backend", "BackendBase",
     "SupportsAccumulate", "SupportsReduceRequantize", "SupportsGemmQuantEpilogue", "SupportsGemmDequantPrologue",
-    "OPTIONAL_OPS", "unimplemented_ops",
+    "SupportsRmsNormQuant", "OPTIONAL_OPS", "unimplemented_ops",
 ]
 
 
@@ -129,12 +129,27 @@ class SupportsGemmDequantPrologue(Protocol):
         B = round(mul * that) when ``mul`` is given; out contiguous, grad.dtype."""
 
 
+@runtime_checkable
+class SupportsRmsNormQuant(Protocol):
+    """Op ``"rmsnorm_quant"`` (LAAQ fusion into a memory-bound neighbour, forward): RMSNorm that also writes
+    the quantized copy of its input, reading x once."""
+
+    def rmsnorm_quant_unsupported(self, x: torch.Tensor, weight: torch.Tensor, spec: "FormatSpec") -> str | None:
+        """Why the fused call cannot run for these arguments (None: it can). Must not launch anything."""
+
+    def rmsnorm_quant_into(self, x: torch.Tensor, weight: torch.Tensor, eps: float, spec: "FormatSpec",
+                           y: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> None:
+        """y = weight * round(x * rsqrt(mean(x**2) + eps)) in x.dtype (within one rounding of torch's RMSNorm),
+        and (codes, scales) = Q_spec(x flattened), bit-exact with quantize_into. x [M, H] contiguous."""
+
+
 #: Every op a backend may claim beyond quantize/dequantize -> the protocol that declares its methods.
 OPTIONAL_OPS: dict[str, type] = {
     "accumulate": SupportsAccumulate,
     "reduce_requantize": SupportsReduceRequantize,
     "gemm_quant_epilogue": SupportsGemmQuantEpilogue,
     "gemm_dequant_prologue": SupportsGemmDequantPrologue,
+    "rmsnorm_quant": SupportsRmsNormQuant,
 }
 
 
@@ -213,6 +228,12 @@ class BackendBase:
 
     def gemm_dequant_prologue_into(self, grad, codes, scales, spec, k, out, mul=None):
         raise self._unclaimed("gemm_dequant_prologue")
+
+    def rmsnorm_quant_unsupported(self, x, weight, spec):
+        raise self._unclaimed("rmsnorm_quant")
+
+    def rmsnorm_quant_into(self, x, weight, eps, spec, y, codes, scales):
+        raise self._unclaimed("rmsnorm_quant")
 
     # all-to-all / all-gather of raw bytes; payloads are equal-sized per rank by protocol.
     def all_to_all_bytes(self, output, input, *, group=None, async_op=False):

@@ -21,7 +21,7 @@ class ReferenceBackend(BackendBase):
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
-            formats=frozenset(s.name for s in list_formats()),
+            formats=frozenset(s.name for s in list_formats(microscaling=True)),
             device_types=frozenset({"*"}),  # any device torch supports
             ops=frozenset({"quantize", "dequantize", "accumulate", "reduce_requantize"}),
             collectives=frozenset({"all_to_all", "all_gather"}),

@@ -22,6 +22,7 @@ OPS = frozenset({
     "reduce_requantize",                 # QuanGrad all-reduce: sum W chunks in fp32, requantize
     "gemm_quant_epilogue",               # kernel fusion: GEMM that also writes a quantized copy of its output
     "gemm_dequant_prologue",             # kernel fusion: GEMM that reads a QuantizedTensor operand
+    "rmsnorm_quant",                     # fusion into a neighbour: RMSNorm that also writes its input's codes
 })
 COLLECTIVES = frozenset({"all_to_all", "all_gather"})
 

@@ -101,6 +101,10 @@ def quantize_blocks(x: torch.Tensor, spec: FormatSpec) -> tuple[torch.Tensor, to
     if n == 0:
         return (torch.empty(0, dtype=torch.uint8, device=x.device),
                 torch.empty(0, dtype=torch.float32, device=x.device))
+    if spec.scale_kind != "absmax":  # OCP MX / NVFP4 scales: docs/formats.md §9
+        from agoq_core.formats.mx import quantize_scaled
+
+        return quantize_scaled(xf, spec)
     pad = nb * spec.block - n
     if pad:
         xf = torch.cat([xf, xf.new_zeros(pad)])
@@ -134,6 +138,14 @@ def dequantize_blocks(
     return (vals * s).to(dtype)
 
 
+def _check_block_local(spec: FormatSpec, op: str) -> None:
+    if spec.tensor_scaled:
+        from agoq_core.errors import FormatError
+
+        raise FormatError(f"{op}: {spec.name} scales every block by a per-tensor scale, which a block-wise "
+                          "requantize cannot keep; use a format with block-local scales (mxfp8, fp8_e4m3, int8)")
+
+
 def accumulate(
     codes: torch.Tensor, scales: torch.Tensor, spec: FormatSpec, numel: int, g: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,6 +154,7 @@ def accumulate(
     The paper adds in 16-bit; adding in fp32 registers costs no memory and is never less precise.
     ``dequantize`` yields fp32 (no 16-bit rounding) and the sum is one fp32 add (no FMA).
     """
+    _check_block_local(spec, "accumulate")
     acc = dequantize_blocks(codes, scales, spec, numel, torch.float32) + g.reshape(-1).to(torch.float32)
     return quantize_blocks(acc, spec)
 
@@ -154,6 +167,7 @@ def reduce_requantize(
     ``codes``: uint8[W, code_bytes(numel)], ``scales``: fp32[W, NB]. The sum is the left fold
     ``((d0 + d1) + d2) + ...`` so every backend and every rank gets the same bits.
     """
+    _check_block_local(spec, "reduce_requantize")
     w = codes.shape[0]
     total = dequantize_blocks(codes[0], scales[0], spec, numel, torch.float32)
     for r in range(1, w):

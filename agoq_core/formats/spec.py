@@ -14,12 +14,14 @@ from agoq_core.errors import FormatError
 __all__ = [
     "FormatSpec",
     "CodeKind",
+    "ScaleKind",
     "SPEC_VERSION",
     "MIN_NORMAL_F32",
     "NF4_LEVELS",
     "FP4_E2M1_LEVELS",
     "get_format",
     "list_formats",
+    "microscaling_formats",
     "activation_formats",
     "gradient_formats",
 ]
@@ -32,6 +34,11 @@ SPEC_VERSION = 1
 MIN_NORMAL_F32 = 2.0**-126
 
 CodeKind = Literal["int", "fp4_e2m1", "nf4", "fp8_e4m3", "fp8_e5m2"]
+
+#: How a block's scale is chosen (docs/formats.md §3 and §9). "absmax": fp32 absmax / qmax (every format
+#: of spec version 1); "e8m0": OCP MX power-of-two scale 2**(floor(log2 absmax) - emax_elem);
+#: "e4m3_tensor": NVFP4's E4M3 block scale times one fp32 per-tensor scale.
+ScaleKind = Literal["absmax", "e8m0", "e4m3_tensor"]
 
 # NF4 levels as published by QLoRA / bitsandbytes (normal-quantile code, 0 exactly representable).
 # Stored as the exact fp32 values bitsandbytes uses, so our NF4 and theirs decode identically.
@@ -68,6 +75,13 @@ class FormatSpec:
     role: Literal["activation", "gradient", "both"]
     """What the format is meant for (documentation; any format can store any tensor)."""
     version: int = SPEC_VERSION
+    scale_kind: ScaleKind = "absmax"
+    """How block scales are chosen. Whatever the kind, ``QuantizedTensor.scales`` holds each block's
+    *effective* fp32 scale (decode(code) * scale is the value), so every codec path is shared; the
+    compact encodings (E8M0 bytes; E4M3 bytes + fp32 tensor scale) are exact re-encodings of it
+    (agoq_core.formats.mx)."""
+    fixed_block: bool = False
+    """The format fixes its block (OCP MX: 32, NVFP4: 16); :func:`get_format` refuses another one."""
 
     def __post_init__(self) -> None:
         if self.bits not in (4, 5, 6, 8):
@@ -109,7 +123,23 @@ class FormatSpec:
         """Average bits per element including the scale overhead (32 bits per block)."""
         return self.bits + 32.0 / self.block
 
+    @property
+    def tensor_scaled(self) -> bool:
+        """True if a block's scale depends on the whole tensor (NVFP4's per-tensor scale): such a format
+        can be quantized but not accumulated or reduced block by block."""
+        return self.scale_kind == "e4m3_tensor"
+
+    def compact_bytes(self, numel: int) -> int:
+        """Bytes of the format's own compact layout (what Blackwell-class tensor cores read): codes plus a
+        1-byte scale per block (E8M0 / E4M3), plus the 4-byte tensor scale for NVFP4; fp32 scales otherwise."""
+        if self.scale_kind == "absmax":
+            return self.storage_bytes(numel)
+        return self.code_bytes(numel) + self.num_blocks(numel) + (4 if self.tensor_scaled else 0)
+
     def with_block(self, block: int) -> "FormatSpec":
+        if self.fixed_block and block != self.block:
+            raise FormatError(f"{self.name} has a fixed block of {self.block} elements (its spec defines it); "
+                              f"got block={block}. Leave block unset for {self.name}.")
         return dataclasses.replace(self, block=block)
 
     def describe(self) -> str:
@@ -149,27 +179,47 @@ _REGISTRY: dict[str, FormatSpec] = {
         FormatSpec(name="nf4", kind="nf4", bits=4, block=_ACT_BLOCK, qmax=1.0, role="activation"),
         FormatSpec(name="fp8_e4m3", kind="fp8_e4m3", bits=8, block=_GRAD_BLOCK, qmax=448.0, role="gradient"),
         FormatSpec(name="fp8_e5m2", kind="fp8_e5m2", bits=8, block=_GRAD_BLOCK, qmax=57344.0, role="gradient"),
+        # OCP Microscaling v1.0 (block 32, E8M0 power-of-two scales) and NVIDIA's NVFP4 (block 16, E4M3 block
+        # scale x fp32 tensor scale): the layouts Blackwell-class tensor cores read. docs/formats.md §9.
+        FormatSpec(name="mxfp4", kind="fp4_e2m1", bits=4, block=32, qmax=6.0, role="activation",
+                   scale_kind="e8m0", fixed_block=True),
+        FormatSpec(name="mxfp8", kind="fp8_e4m3", bits=8, block=32, qmax=448.0, role="both",
+                   scale_kind="e8m0", fixed_block=True),
+        FormatSpec(name="nvfp4", kind="fp4_e2m1", bits=4, block=16, qmax=6.0, role="activation",
+                   scale_kind="e4m3_tensor", fixed_block=True),
     )
 }
 
 
-def list_formats() -> list[FormatSpec]:
-    """All registered formats with their default block sizes, in a stable order."""
-    return list(_REGISTRY.values())
+def list_formats(*, microscaling: bool = False) -> list[FormatSpec]:
+    """Registered formats with their default block sizes, in a stable order.
+
+    ``microscaling=True`` adds the OCP MX and NVFP4 formats (mxfp4, mxfp8, nvfp4: fixed blocks, E8M0 / E4M3
+    scales, docs/formats.md §9); the default lists the block-absmax formats of spec version 1, whose blocks
+    are free (what the conformance golden set and the block-size sweeps iterate)."""
+    return [s for s in _REGISTRY.values() if microscaling or s.scale_kind == "absmax"]
 
 
-def activation_formats() -> list[str]:
-    return [s.name for s in _REGISTRY.values() if s.role in ("activation", "both")]
+def activation_formats(*, microscaling: bool = False) -> list[str]:
+    return [s.name for s in list_formats(microscaling=microscaling) if s.role in ("activation", "both")]
 
 
-def gradient_formats() -> list[str]:
-    return [s.name for s in _REGISTRY.values() if s.role in ("gradient", "both")]
+def gradient_formats(*, microscaling: bool = False) -> list[str]:
+    return [s.name for s in list_formats(microscaling=microscaling) if s.role in ("gradient", "both")]
 
 
-def get_format(fmt: str | FormatSpec, block: int | None = None) -> FormatSpec:
+def microscaling_formats() -> list[str]:
+    """mxfp4, mxfp8, nvfp4."""
+    return [s.name for s in _REGISTRY.values() if s.scale_kind != "absmax"]
+
+
+def get_format(fmt: str | FormatSpec, block: int | None = None, *, default_block: int | None = None) -> FormatSpec:
     """Look a format up by name (or pass a spec through), optionally with another block size.
 
     ``int8`` used for gradients keeps the activation default block (128) unless ``block`` is given.
+    ``default_block`` is a caller's general block setting (e.g. ``LAAQConfig.block``): it applies to
+    formats whose block is free and is ignored by formats that fix their own (mxfp4, mxfp8, nvfp4), whereas
+    an explicit ``block`` that such a format cannot take is an error.
     """
     if isinstance(fmt, FormatSpec):
         spec = fmt
@@ -182,7 +232,11 @@ def get_format(fmt: str | FormatSpec, block: int | None = None) -> FormatSpec:
             ) from None
     else:
         raise FormatError(f"format must be a name or a FormatSpec, got {type(fmt).__name__}")
+    if block is None and default_block is not None and not spec.fixed_block:
+        block = default_block
     if block is not None and block != spec.block:
+        if spec.fixed_block:
+            spec.with_block(block)  # raises: the format fixes its block
         _check_block(spec.name, block)
         spec = spec.with_block(block)
     return spec

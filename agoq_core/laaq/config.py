@@ -43,17 +43,18 @@ def _check_fmt(role: str, value: object, block: int) -> FormatSpec | None:
     elif isinstance(value, str):
         if value.strip().lower() == NATIVE:
             return None
-        if value.strip().lower() not in activation_formats():
+        if value.strip().lower() not in activation_formats(microscaling=True):
             raise FormatError(
                 f"LAAQConfig.{role}={value!r} is not an activation format; use one of "
-                f"{activation_formats() + [NATIVE]}"
+                f"{activation_formats(microscaling=True) + [NATIVE]}"
             )
-        spec = get_format(value, block)
+        spec = get_format(value, default_block=block)  # mxfp4/nvfp4 keep their fixed block
     else:
         raise FormatError(f"LAAQConfig.{role} must be a format name, a FormatSpec or {NATIVE!r}, "
                           f"got {type(value).__name__} {value!r}")
-    if spec.name not in activation_formats():
-        raise FormatError(f"LAAQConfig.{role}: {spec.name} is a gradient format; use one of {activation_formats()}")
+    if spec.name not in activation_formats(microscaling=True):
+        raise FormatError(f"LAAQConfig.{role}: {spec.name} is a gradient format; use one of "
+                          f"{activation_formats(microscaling=True)}")
     return spec
 
 

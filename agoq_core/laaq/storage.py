@@ -53,6 +53,8 @@ def _quantize(x: torch.Tensor, spec: FormatSpec, backend: str | None) -> Quantiz
     be = get_backend(backend)
     check_supported(be, spec, x.device, "quantize", x.dtype)
     step = max(spec.block, (_CHUNK // spec.block) * spec.block)  # whole blocks -> whole pack groups
+    if spec.tensor_scaled:  # NVFP4: one tensor scale over the whole tensor, so one call
+        step = max(n, 1)
     for lo in range(0, n, step):
         hi = min(n, lo + step)
         b0, b1 = lo // spec.block, -(-hi // spec.block)

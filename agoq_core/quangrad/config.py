@@ -10,7 +10,7 @@ __all__ = ["QuanGradConfig", "GRADIENT_FORMATS", "DEFAULT_BLOCK", "DEFAULT_MIN_C
            "resolve_spec"]
 
 #: 8-bit gradient formats QuanGrad stores and sends.
-GRADIENT_FORMATS = ("fp8_e4m3", "fp8_e5m2", "int8")
+GRADIENT_FORMATS = ("fp8_e4m3", "fp8_e5m2", "int8", "mxfp8")
 
 #: One fp32 scale per 256 gradients: 0.125 bit/element of overhead (1.6% of the 8-bit payload), the
 #: block size of the authors' code. Used for all three formats, int8 included (its activation default
@@ -41,7 +41,7 @@ def resolve_spec(fmt: str | FormatSpec, block: int | None) -> FormatSpec:
         )
     if block is None:
         block = fmt.block if isinstance(fmt, FormatSpec) else DEFAULT_BLOCK
-    return get_format(name.strip().lower(), block)
+    return get_format(name.strip().lower(), default_block=block)  # mxfp8 keeps its fixed block of 32
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -53,7 +53,8 @@ class QuanGradConfig:
     """
 
     fmt: str = "fp8_e4m3"
-    """Gradient storage and wire format: "fp8_e4m3" (default), "fp8_e5m2" or "int8"."""
+    """Gradient storage and wire format: "fp8_e4m3" (default), "fp8_e5m2", "int8" or "mxfp8" (OCP MX: block 32
+    with power-of-two scales; ``block`` does not apply to it)."""
     block: int = DEFAULT_BLOCK
     """Elements per fp32 scale (a positive multiple of 8)."""
     collective: Literal["quangrad", "fp32", "bf16", "naive_fp8"] = "quangrad"

@@ -17,7 +17,8 @@ from agoq_triton_kernels.layout import MAX_BLOCK
 __all__ = ["CudaBackend"]
 
 _OPS = frozenset({"quantize", "dequantize", "accumulate", "reduce_requantize",
-                  "gemm_quant_epilogue", "gemm_dequant_prologue"})  # fused GEMMs: agoq_cuda.fusion
+                  "gemm_quant_epilogue", "gemm_dequant_prologue",   # fused GEMMs: agoq_cuda.fusion
+                  "rmsnorm_quant"})                                 # fused norm + codec: agoq_cuda.fused_norm
 
 
 class CudaBackend(BackendBase):
@@ -51,7 +52,7 @@ class CudaBackend(BackendBase):
         if self.interpreted:
             notes.insert(0, "Triton interpreter (TRITON_INTERPRET=1): CPU tensors, gloo collectives, slow")
         return Capabilities(
-            formats=frozenset(s.name for s in list_formats()),
+            formats=frozenset(s.name for s in list_formats(microscaling=True)),
             device_types=frozenset({self.device_type}),
             ops=_OPS,
             collectives=frozenset({"all_to_all", "all_gather"}),
@@ -92,6 +93,17 @@ class CudaBackend(BackendBase):
         from agoq_cuda.fusion import launch as fused
 
         fused.gemm_dequant_prologue_into(grad, codes, scales, spec, k, out, mul)
+
+    # ---- RMSNorm writing its output and its input's codes in one pass (agoq_cuda.fused_norm) ------------
+    def rmsnorm_quant_unsupported(self, x, weight, spec):
+        from agoq_cuda import fused_norm
+
+        return fused_norm.rmsnorm_quant_unsupported(x, weight, spec)
+
+    def rmsnorm_quant_into(self, x, weight, eps, spec, y, codes, scales):
+        from agoq_cuda import fused_norm
+
+        fused_norm.rmsnorm_quant_into(x, weight, eps, spec, y, codes, scales)
 
     def __repr__(self) -> str:
         mode = "Triton interpreter, CPU tensors" if self.interpreted else "CUDA"

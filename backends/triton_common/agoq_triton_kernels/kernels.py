@@ -33,6 +33,7 @@ from agoq_triton_kernels.codes import (
     _ABS_MASK, _EXP_MASK, _MIN_NORMAL_BITS, _QNAN, _SIGN, bf16_bits_to_f32, bucket_encode, decode, encode,
     f32_to_bf16_bits, zero_code,
 )
+from agoq_triton_kernels.mx import mx_quantize_tile
 
 __all__ = ["quantize_kernel", "dequantize_kernel", "accumulate_kernel", "reduce_requantize_kernel",
            "quantize_tile", "store_codes", "load_codes", "dequantize_tile"]
@@ -129,7 +130,7 @@ def _encode_tile(v, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.c
 
 @triton.jit
 def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr, HW: tl.constexpr,
-                  LUT: tl.constexpr, FAST_DIV: tl.constexpr):
+                  LUT: tl.constexpr, FAST_DIV: tl.constexpr, SCALE: tl.constexpr = 0, ts_ptr=None):
     """x: fp32 [ROWS, BLOCK_P] (masked lanes hold 0) -> (codes int32 [ROWS, BLOCK_P], scales fp32 [ROWS]).
 
     The one block quantizer of the Triton backends: the codec kernels (FAST_DIV = HW) and agoq-cuda's
@@ -142,7 +143,10 @@ def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.
     The absmax runs on magnitude bits (integer order = value order for non-negative floats; NaN/Inf
     sort above every finite value, which is exactly the non-finite flag), and non-finite or zero-scale
     blocks need no clean-up of their lanes: their codes are replaced wholesale at the end.
+    SCALE != 0: the microscaling formats' scales (agoq_triton_kernels.mx; ts_ptr: NVFP4's tensor scale).
     """
+    if SCALE != 0:
+        return mx_quantize_tile(x, ts_ptr, KIND, BITS, QMAX, HW, SCALE)
     bits = x.to(tl.int32, bitcast=True)
     a = bits & _ABS_MASK
     rowmax = tl.max(a, axis=1)
@@ -278,13 +282,15 @@ _SIZES = ["n", "n_blocks", "n_tiles"]
 def quantize_kernel(x_ptr, codes_ptr, scales_ptr, n, n_blocks, n_tiles,
                     KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
                     QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, X_FLOAT: tl.constexpr,
-                    HW: tl.constexpr, elut_ptr=None, NF4_LUT: tl.constexpr = False):
+                    HW: tl.constexpr, elut_ptr=None, NF4_LUT: tl.constexpr = False, SCALE: tl.constexpr = 0,
+                    ts_ptr=None):
     """x (n elements; fp32/fp16, or bf16 as int16) -> codes (int8 view of the uint8 buffer), scales fp32."""
     t = tl.program_id(0)
     while t < n_tiles:
         rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
         x = _load_f32(x_ptr, elem, emask, X_FLOAT)
-        codes, scale = quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None, HW)
+        codes, scale = quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None, HW,
+                                     SCALE, ts_ptr)
         store_codes(codes_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
         tl.store(scales_ptr + rows, scale, mask=ok)
         t += tl.num_programs(0)
@@ -294,7 +300,7 @@ def quantize_kernel(x_ptr, codes_ptr, scales_ptr, n, n_blocks, n_tiles,
 def dequantize_kernel(codes_ptr, scales_ptr, lut_ptr, out_ptr, n, n_blocks, n_tiles,
                       KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
                       QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, OUT_FLOAT: tl.constexpr,
-                      NF4_LUT: tl.constexpr, HW: tl.constexpr):
+                      NF4_LUT: tl.constexpr, HW: tl.constexpr, SCALE: tl.constexpr = 0):
     """codes + scales -> out (fp32/fp16, or bf16 as int16): fp32 decode * scale, one RNE cast."""
     t = tl.program_id(0)
     while t < n_tiles:
@@ -309,7 +315,7 @@ def dequantize_kernel(codes_ptr, scales_ptr, lut_ptr, out_ptr, n, n_blocks, n_ti
 def accumulate_kernel(codes_ptr, scales_ptr, lut_ptr, g_ptr, n, n_blocks, n_tiles,
                       KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
                       QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, G_FLOAT: tl.constexpr,
-                      NF4_LUT: tl.constexpr, HW: tl.constexpr, elut_ptr=None):
+                      NF4_LUT: tl.constexpr, HW: tl.constexpr, elut_ptr=None, SCALE: tl.constexpr = 0):
     """In place: (codes, scales) <- Q(D(codes, scales) + g), D in fp32 and one fp32 add.
 
     Each tile reads its own blocks before writing them, so in-place is race-free."""
@@ -320,7 +326,8 @@ def accumulate_kernel(codes_ptr, scales_ptr, lut_ptr, g_ptr, n, n_blocks, n_tile
                             ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW)
         g = _load_f32(g_ptr, elem, emask, G_FLOAT)
         acc = tl.where(emask, d + g, 0.0)  # padding lanes are 0, whatever garbage the pad codes hold
-        codes, scale = quantize_tile(acc, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None, HW)
+        codes, scale = quantize_tile(acc, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None, HW,
+                                     SCALE)
         store_codes(codes_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
         tl.store(scales_ptr + rows, scale, mask=ok)
         t += tl.num_programs(0)
@@ -332,7 +339,7 @@ def reduce_requantize_kernel(codes_ptr, scales_ptr, lut_ptr, codes_out_ptr, scal
                              n, n_blocks, n_tiles, world, codes_stride, scales_stride,
                              KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
                              QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, NF4_LUT: tl.constexpr,
-                             HW: tl.constexpr, elut_ptr=None):
+                             HW: tl.constexpr, elut_ptr=None, SCALE: tl.constexpr = 0):
     """codes[world, codes_stride], scales[world, scales_stride] -> Q(((D0 + D1) + D2) + ...).
 
     The fp32 sum runs in rank order (a left fold), so every rank and every backend gets the same bits."""
@@ -348,7 +355,8 @@ def reduce_requantize_kernel(codes_ptr, scales_ptr, lut_ptr, codes_out_ptr, scal
                                         NF4_LUT, RAGGED, HW)
             r += 1
         acc = tl.where(emask, acc, 0.0)
-        codes, scale = quantize_tile(acc, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None, HW)
+        codes, scale = quantize_tile(acc, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None, HW,
+                                     SCALE)
         store_codes(codes_out_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
         tl.store(scales_out_ptr + rows, scale, mask=ok)
         t += tl.num_programs(0)

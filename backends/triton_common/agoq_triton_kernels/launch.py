@@ -104,6 +104,28 @@ class LaunchGeometry(Protocol):
         ``programs`` are test/tuning overrides."""
 
 
+def _tensor_scale(spec, x: torch.Tensor) -> torch.Tensor | None:
+    """NVFP4's [S, RN(1/S)] (fp32, on x's device; no host sync): S from the reference's one copy
+    (agoq_core.formats.mx.nvfp4_tensor_scale), 1/S with torch's correctly rounded fp32 division (0 -> 0)."""
+    if not getattr(spec, "tensor_scaled", False):
+        return None
+    from agoq_core.formats.mx import nvfp4_tensor_scale
+
+    s = nvfp4_tensor_scale(x)
+    inv = torch.where(s == 0, torch.zeros_like(s), torch.ones_like(s) / torch.where(s == 0, torch.ones_like(s), s))
+    return torch.stack([s, inv])
+
+
+def ts_arg(ts: torch.Tensor | None) -> dict:
+    return {} if ts is None else {"ts_ptr": ts}
+
+
+def _block_local(spec, what: str) -> None:
+    if getattr(spec, "tensor_scaled", False):
+        raise ValueError(f"{what}: {spec.name} has a per-tensor scale; only block-local formats can be "
+                         "requantized block by block")
+
+
 class Launcher:
     """The shared kernels launched with the geometry a plugin provides. ``last_plans`` holds the
     geometry's plans of the most recent call (one per piece)."""
@@ -114,7 +136,8 @@ class Launcher:
 
     def _format(self, spec, device: torch.device, hw: bool | None) -> dict:
         """The constexprs fixed for a whole call (checked before any launch: a bad block fails here)."""
-        c = format_constexprs(kind=spec.kind, bits=spec.bits, block=spec.block, qmax=spec.qmax)
+        c = format_constexprs(kind=spec.kind, bits=spec.bits, block=spec.block, qmax=spec.qmax,
+                              scale_kind=getattr(spec, "scale_kind", "absmax"))
         c.update(HW=self.geometry.hw(device, hw), NF4_LUT=self.geometry.nf4_lut)
         return c
 
@@ -144,13 +167,14 @@ class Launcher:
         xv, xk, io = self._float_in(x, "quantize")
         g, dev = self.geometry, x.device
         f, cv, elut = self._format(spec, dev, hw), codes.view(torch.int8), self._elut(spec, dev)
+        ts = _tensor_scale(spec, x) if n else None
         self.last_plans = []
         for off, m, boff, soff, ragged in segments(spec, n):
             la = g.plan("quantize", spec, m, io, dev, rows=rows, programs=programs)
             nb = spec.num_blocks(m)
             self._run(K.quantize_kernel, la,
                       (xv[off:off + m], cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], m, nb, la.n_tiles),
-                      {**self._consts(f, la, ragged), "X_FLOAT": xk, "elut_ptr": elut})
+                      {**self._consts(f, la, ragged), "X_FLOAT": xk, "elut_ptr": elut, **ts_arg(ts)})
 
     def dequantize(self, codes: torch.Tensor, scales: torch.Tensor, spec, out: torch.Tensor, *,
                    rows: int | None = None, programs: int | None = None, hw: bool | None = None) -> None:
@@ -172,6 +196,7 @@ class Launcher:
                    rows: int | None = None, programs: int | None = None, hw: bool | None = None) -> None:
         """In place: (codes, scales) <- Q(D(codes, scales) + g), g flat [N] (fp32, bf16, fp16)."""
         n = g.numel()
+        _block_local(spec, "accumulate_")
         check_codec_buffers(spec, n, codes, scales, g.device, "accumulate_")
         gv, gk, io = self._float_in(g, "accumulate_")
         geo, dev = self.geometry, g.device
@@ -192,6 +217,7 @@ class Launcher:
             raise ValueError(f"reduce_requantize: want codes[W, B] and scales[W, NB] with W >= 1, got "
                              f"{tuple(codes.shape)} and {tuple(scales.shape)}")
         n, w = numel, codes.shape[0]
+        _block_local(spec, "reduce_requantize")
         check_codec_buffers(spec, n, codes_out, scales_out, codes.device, "reduce_requantize")
         check_codec_buffers(spec, n, codes[0], scales[0], codes.device, "reduce_requantize (input row)")
         if codes.stride(1) != 1 or scales.stride(1) != 1:

@@ -50,12 +50,16 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-def format_constexprs(*, kind: str, bits: int, block: int, qmax: float) -> dict:
+def format_constexprs(*, kind: str, bits: int, block: int, qmax: float, scale_kind: str = "absmax") -> dict:
     """The format-dependent constexpr arguments every kernel of this package takes.
 
     KIND, BITS, BLOCK (elements per scale), BLOCK_P (next power of two >= BLOCK: tl.arange needs
-    powers of two, lanes >= BLOCK are masked) and QMAX.
+    powers of two, lanes >= BLOCK are masked) and QMAX; SCALE (1: OCP MX E8M0, 2: NVFP4) only for the
+    microscaling formats, whose kernels take it (agoq_triton_kernels.mx).
     """
+    scale = {"absmax": 0, "e8m0": 1, "e4m3_tensor": 2}.get(scale_kind)
+    if scale is None:
+        raise ValueError(f"unknown scale kind {scale_kind!r}; known: absmax, e8m0, e4m3_tensor")
     if kind not in KIND_IDS:
         raise ValueError(f"unknown code kind {kind!r}; known: {sorted(KIND_IDS)}")
     if bits not in (4, 5, 6, 8):
@@ -65,8 +69,11 @@ def format_constexprs(*, kind: str, bits: int, block: int, qmax: float) -> dict:
     if block > MAX_BLOCK:
         raise ValueError(f"block={block} is larger than the kernels' maximum {MAX_BLOCK}; "
                          f"use block <= {MAX_BLOCK} or the reference backend")
-    return {"KIND": KIND_IDS[kind], "BITS": int(bits), "BLOCK": int(block),
-            "BLOCK_P": next_pow2(block), "QMAX": float(qmax)}
+    c = {"KIND": KIND_IDS[kind], "BITS": int(bits), "BLOCK": int(block),
+         "BLOCK_P": next_pow2(block), "QMAX": float(qmax)}
+    if scale:
+        c["SCALE"] = scale
+    return c
 
 
 # ---- bucket tables for encoding NF4 (and FP4) with one table load per element ----------------------------------

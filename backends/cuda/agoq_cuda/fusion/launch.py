@@ -130,6 +130,8 @@ def _span(t: torch.Tensor) -> int:
 def epilogue_unsupported(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                          spec: FormatSpec) -> str | None:
     """Why ``y = x Wᵀ + b`` with y quantized in ``spec`` cannot run fused here (None: it can)."""
+    if getattr(spec, "scale_kind", "absmax") != "absmax":
+        return f"{spec.name}: the GEMM epilogue computes fp32 absmax scales only (E8M0/E4M3 scales: unfused codec)"
     dev = _expected_device()
     for name, t in (("x", x), ("weight", weight), ("bias", bias)):
         if t is None:

@@ -1,0 +1,51 @@
+"""Fused RMSNorm + quantize-its-input (agoq_cuda.fused_norm): codes and scales bit-exact with the codec
+(reference), y equal to HF LlamaRMSNorm's output within one rounding of the output dtype."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agoq_core.formats import reference as ref
+from agoq_core.formats.spec import get_format
+from agoq_cuda.fused_norm import rmsnorm_quant_into, rmsnorm_quant_unsupported
+from cuda_inputs import assert_bits_equal
+
+
+def _hf_rmsnorm(x, w, eps):
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    m = LlamaRMSNorm(x.shape[-1], eps=eps).to(x.dtype)
+    with torch.no_grad():
+        m.weight.copy_(w)
+        return m(x)
+
+
+@pytest.mark.parametrize("fmt", ["int4", "nf4", "fp4_e2m1", "int5", "mxfp4", "nvfp4", "fp8_e4m3"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rmsnorm_quant_matches_unfused(fmt, dtype, device):
+    spec = get_format(fmt)
+    h = 256 if spec.block <= 128 else 512
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(5, h, generator=g) * 3).to(dtype)
+    x[1, 3] = 200.0  # an outlier block
+    w = (1 + 0.1 * torch.randn(h, generator=g)).to(dtype)
+    y = torch.empty_like(x, device=device)
+    codes = torch.full((spec.code_bytes(x.numel()),), 0xA5, dtype=torch.uint8, device=device)
+    scales = torch.full((spec.num_blocks(x.numel()),), -7.0, device=device)
+    rmsnorm_quant_into(x.to(device), w.to(device), 1e-5, spec, y, codes, scales)
+    want_c, want_s = ref.quantize_blocks(x, spec)
+    assert_bits_equal(codes, want_c, "codes")
+    assert_bits_equal(scales, want_s, "scales")
+    want_y = _hf_rmsnorm(x, w, 1e-5)
+    ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -20  # one rounding of the output dtype, relative
+    assert torch.allclose(y.cpu().float(), want_y.float(), rtol=ulp, atol=0), (y.cpu() - want_y).abs().max()
+    if dtype == torch.bfloat16:  # almost every element is bit-identical
+        assert (y.cpu() != want_y).float().mean() < 0.02
+
+
+def test_unsupported_shapes_are_explained():
+    spec = get_format("int4")
+    assert "power-of-two" in rmsnorm_quant_unsupported(torch.zeros(2, 384), torch.zeros(384), spec)
+    assert "weight" in rmsnorm_quant_unsupported(torch.zeros(2, 256), torch.zeros(128), spec)
+    assert rmsnorm_quant_unsupported(torch.zeros(2, 4096, dtype=torch.bfloat16),
+                                     torch.zeros(4096, dtype=torch.bfloat16), spec) is None

@@ -1,0 +1,95 @@
+"""The microscaling formats (mxfp4, mxfp8, nvfp4) through the shared Triton launcher, bit for bit against
+the reference (agoq_core.formats.mx): special values, ragged tails, many tiles, bf16/fp16/fp32 inputs,
+mxfp8's fused accumulate and reduce-requantize (QuanGrad), and nvfp4's refusal of both."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agoq_core.formats import reference as ref
+from agoq_core.formats.spec import get_format, microscaling_formats
+from agoq_cuda import launch
+from cuda_inputs import assert_bits_equal, special_blocks
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _inputs(spec, seed: int) -> torch.Tensor:
+    x = special_blocks(spec, spec.block, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    extra = torch.randn(5 * spec.block + 3, generator=g) * 4  # ragged tail
+    extra[::9] *= 300.0  # saturation band and outlier blocks
+    extra[spec.block:2 * spec.block] *= 2.0 ** -120  # tiny block (MX exponent clamp, NVFP4 s_b clamp)
+    return torch.cat([x, extra])
+
+
+def _poisoned(spec, n, device):
+    return (torch.full((spec.code_bytes(n),), 0xA5, dtype=torch.uint8, device=device),
+            torch.full((spec.num_blocks(n),), -7.0, dtype=torch.float32, device=device))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("fmt", microscaling_formats())
+def test_quantize_dequantize_bitexact(fmt, dtype, device):
+    spec = get_format(fmt)
+    x = _inputs(spec, seed=len(fmt)).to(dtype)
+    n = x.numel()
+    codes, scales = _poisoned(spec, n, device)
+    launch.quantize(x.to(device), spec, codes, scales)
+    want_c, want_s = ref.quantize_blocks(x, spec)
+    assert_bits_equal(codes, want_c, "codes")
+    assert_bits_equal(scales, want_s, "scales")
+    for odt in DTYPES:
+        out = torch.full((n,), 123.0, dtype=odt, device=device)
+        launch.dequantize(want_c.to(device), want_s.to(device), spec, out)
+        assert_bits_equal(out, ref.dequantize_blocks(want_c, want_s, spec, n, odt), f"dequantize to {odt}")
+
+
+@pytest.mark.parametrize("fmt", microscaling_formats())
+@pytest.mark.parametrize("n", [1, 17, 3 * 32 + 5])
+def test_odd_shapes_many_tiles(fmt, n, device):
+    spec = get_format(fmt)
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n)) * 2
+    codes, scales = _poisoned(spec, n, device)
+    launch.quantize(x.to(device), spec, codes, scales, rows=1, programs=3)
+    want_c, want_s = ref.quantize_blocks(x, spec)
+    assert_bits_equal(codes, want_c, "codes")
+    assert_bits_equal(scales, want_s, "scales")
+
+
+def test_nvfp4_zero_and_nonfinite_tensor(device):
+    spec = get_format("nvfp4")
+    for x in (torch.zeros(48), torch.tensor([1.0, float("nan")] + [0.5] * 46), torch.full((48,), 1e-30)):
+        codes, scales = _poisoned(spec, x.numel(), device)
+        launch.quantize(x.to(device), spec, codes, scales)
+        want_c, want_s = ref.quantize_blocks(x, spec)
+        assert_bits_equal(codes, want_c, "codes")
+        assert_bits_equal(scales, want_s, "scales")
+
+
+def test_mxfp8_accumulate_and_reduce(device):
+    spec = get_format("mxfp8")
+    g = torch.Generator().manual_seed(3)
+    n = 7 * 32 + 9
+    a = torch.randn(n, generator=g) * 1e-2
+    gr = (torch.randn(n, generator=g) * 3e-3).to(torch.bfloat16)
+    c0, s0 = ref.quantize_blocks(a, spec)
+    want_c, want_s = ref.accumulate(c0, s0, spec, n, gr)
+    c, s = c0.clone().to(device), s0.clone().to(device)
+    launch.accumulate(c, s, spec, gr.to(device))
+    assert_bits_equal(c, want_c, "accumulate codes")
+    assert_bits_equal(s, want_s, "accumulate scales")
+    parts = [ref.quantize_blocks(torch.randn(n, generator=g) * (r + 1), spec) for r in range(3)]
+    codes, scales = torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
+    want_c, want_s = ref.reduce_requantize(codes, scales, spec, n)
+    co, so = _poisoned(spec, n, device)
+    launch.reduce_requantize(codes.to(device), scales.to(device), spec, n, co, so)
+    assert_bits_equal(co, want_c, "reduce codes")
+    assert_bits_equal(so, want_s, "reduce scales")
+
+
+def test_nvfp4_refuses_blockwise_requantize(device):
+    spec = get_format("nvfp4")
+    c, s = ref.quantize_blocks(torch.randn(32), spec)
+    with pytest.raises(ValueError, match="per-tensor scale"):
+        launch.accumulate(c.to(device), s.to(device), spec, torch.randn(32, device=device))

@@ -1,0 +1,67 @@
+"""The block quantizer of the microscaling formats (docs/formats.md §9): OCP MX (SCALE=1, E8M0) and
+NVFP4 (SCALE=2, E4M3 block scale x fp32 tensor scale), for the shared codec kernels.
+
+Bit-exact with agoq_core.formats.mx. The division-free part is the point of these formats: an MX scale
+is a power of two built from the absmax's exponent bits, and x * 2**-e is exact, so quantizing costs one
+multiply, one clamp and the element encode per element — no correctly rounded division, no FMA, nothing
+the Ascend compiler could change. NVFP4 divides twice per *block* (tl.math.div_rn, correctly rounded) and
+multiplies once per element, as torchao's reference does.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from agoq_triton_kernels.codes import (
+    _ABS_MASK, _EXP_MASK, _MIN_NORMAL_BITS, _QNAN, e4m3_bits_to_f32, encode, f32_to_e4m3_bits,
+)
+
+__all__ = ["mx_quantize_tile", "SCALE_IDS"]
+
+#: The ``SCALE`` constexpr of the codec kernels (absent = 0: fp32 absmax / qmax, spec version 1).
+SCALE_IDS = {"absmax": 0, "e8m0": 1, "e4m3_tensor": 2}
+
+
+@triton.jit
+def mx_quantize_tile(x, ts_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr, HW: tl.constexpr,
+                     SCALE: tl.constexpr):
+    """x: fp32 [ROWS, BLOCK_P] (masked lanes hold 0) -> (codes int32 [ROWS, BLOCK_P], effective scales [ROWS]).
+
+    SCALE=1 (MX): e = max(exp(absmax) - emax_elem, -126), scale 2**e, v = x * 2**-e (exact).
+    SCALE=2 (NVFP4): ts_ptr -> [S, RN(1/S)] (the launcher computes both with torch, as the reference);
+    s_b = e4m3(clamp(RN(RN(absmax / 6) / S), 2**-9, 448)), v = RN(x * RN(RN(1/S) / s_b)), scale RN(S * s_b);
+    S == 0 flushes the tensor. Then saturate to +-QMAX, encode (ties to even), no -0 code; a block holding
+    NaN/Inf gets scale NaN and zero codes.
+    """
+    bits = x.to(tl.int32, bitcast=True)
+    a = bits & _ABS_MASK
+    rowmax = tl.max(a, axis=1)
+    bad = rowmax >= _EXP_MASK
+    amax_bits = tl.where(rowmax < _MIN_NORMAL_BITS, 0, rowmax)
+    xf = tl.where(a < _MIN_NORMAL_BITS, 0.0, x)
+    if SCALE == 1:
+        if KIND == 1:  # E2M1: emax 2 (6 = 1.5 * 2**2)
+            e = tl.maximum((amax_bits >> 23) - 129, -126)
+        else:  # E4M3: emax 8 (448 = 1.75 * 2**8)
+            e = tl.maximum((amax_bits >> 23) - 135, -126)
+        zero = amax_bits == 0
+        scale = tl.where(zero, 0, (e + 127) << 23).to(tl.float32, bitcast=True)
+        inv = tl.where(zero, 0, (127 - e) << 23).to(tl.float32, bitcast=True)
+    else:
+        s = tl.load(ts_ptr)
+        r = tl.load(ts_ptr + 1)
+        flush = s == 0.0
+        amax = amax_bits.to(tl.float32, bitcast=True)
+        t = tl.math.div_rn(tl.math.div_rn(amax, 6.0), tl.where(flush, 1.0, s))
+        t = tl.minimum(tl.maximum(t, 0.001953125), 448.0)  # [2**-9, 448]: E4M3's smallest subnormal .. max
+        sb = e4m3_bits_to_f32(f32_to_e4m3_bits(t))
+        inv = tl.where(flush, 0.0, tl.math.div_rn(tl.where(flush, 1.0, r), sb))
+        scale = tl.where(flush, 0.0, s * sb)
+    v = xf * inv[:, None]
+    v = tl.minimum(tl.maximum(v, -QMAX), QMAX)
+    codes = encode(v, KIND, BITS, QMAX, HW, False)
+    if BITS == 8:
+        codes = tl.where((codes & 0x7F) == 0, 0, codes)  # canonical +0: no -0 code
+    codes = tl.where(bad[:, None], 0, codes)
+    scale = tl.where(bad, _QNAN, scale.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
+    return codes, scale
