@@ -92,12 +92,13 @@ class ModelShape:
         return dataclasses.replace(self, **changes)
 
     # ---- Hugging Face ---------------------------------------------------------------------------
-    def to_hf_config(self, **overrides: Any) -> Any:
-        """A ``transformers.LlamaConfig`` of this shape: SDPA attention, no KV cache, no dropout, no
-        special tokens, RMSNorm eps 1e-5. ``overrides`` are LlamaConfig keywords that win over the
-        shape (``vocab_size=4096``, ``num_hidden_layers=2``, ``max_position_embeddings=...``)."""
+    def to_hf_config(self, family: str = "llama", **overrides: Any) -> Any:
+        """A transformers config of this shape (``LlamaConfig``; ``family`` "mistral", "qwen2", ...
+        gives that model type's config with the same sizes): SDPA attention, no KV cache, no dropout,
+        no special tokens, RMSNorm eps 1e-5. ``overrides`` are config keywords that win over the shape
+        (``vocab_size=4096``, ``num_hidden_layers=2``, ``max_position_embeddings=...``)."""
         try:
-            from transformers import LlamaConfig
+            from transformers import AutoConfig
         except ModuleNotFoundError as exc:
             raise ModelShapeError("building an HF config needs transformers (pip install 'agoq[train]' or "
                                   "pip install transformers)") from exc
@@ -108,7 +109,10 @@ class ModelShape:
             rms_norm_eps=_RMS_NORM_EPS, attention_dropout=0.0, bos_token_id=None, eos_token_id=None,
             pad_token_id=None, use_cache=False)
         kw.update(overrides)
-        cfg = LlamaConfig(**kw)
+        try:
+            cfg = AutoConfig.for_model(family, **kw)
+        except ValueError as exc:  # transformers names the model types it knows
+            raise ModelShapeError(f"unknown model family {family!r}: {exc}") from None
         cfg._attn_implementation = "sdpa"
         return cfg
 
@@ -124,8 +128,8 @@ MODELS: dict[str, ModelShape] = {
         # CPU pipeline tests).
         ModelShape(name="tiny-8l", hidden=256, layers=8, heads=4, kv_heads=4, intermediate=688, vocab=4096,
                    note="tiny, 8 layers: CPU pipeline tests"),
-        # Seconds-long CPU smoke runs of the GPU benchmarks.
-        ModelShape(name="micro", hidden=128, layers=2, heads=4, kv_heads=4, intermediate=352, vocab=512,
+        # Seconds-long CPU smoke runs of the GPU benchmarks (intermediate: whole 128-element blocks).
+        ModelShape(name="micro", hidden=128, layers=2, heads=4, kv_heads=4, intermediate=384, vocab=512,
                    note="benchmarks' CPU smoke shape"),
         # ~29M parameters: a longer CPU run or a quick GPU check.
         ModelShape(name="small", hidden=512, layers=8, heads=8, kv_heads=4, intermediate=1376, vocab=4096,
