@@ -38,6 +38,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the shared harness beside this script
 import harness  # noqa: E402
 
+from agoq_core.testing.inputs import gradient_like  # noqa: E402
+
 SIZES_MIB = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -156,26 +158,13 @@ def _rank_main(rank, world, sizes_mib, reps, fmt):
     return {"rows": rows, "errors": _errors(rank, world, be), "codec_backend": be_note}
 
 
-def _gradient_like(seed, rank, n_segments=24, seg=4096):
-    import torch
-
-    g_common = torch.Generator().manual_seed(seed)
-    g_rank = torch.Generator().manual_seed(seed * 7919 + rank + 1)
-    scales = 10.0 ** (torch.rand(n_segments, generator=g_common) * 4 - 5)
-    common = torch.randn(n_segments * seg, generator=g_common)
-    chi = torch.distributions.Chi2(3.0)
-    torch.manual_seed(seed * 31 + rank)
-    t3 = torch.randn(n_segments * seg, generator=g_rank) / torch.sqrt(chi.sample((n_segments * seg,)) / 3.0)
-    return (0.5 * common + t3) * scales.repeat_interleave(seg)
-
-
 def _errors(rank, world, be, seed=5):
     import torch
     import torch.distributed as dist
 
     from agoq_core.quangrad import all_reduce_, baselines
 
-    x = _gradient_like(seed, rank).to(_DEV[0])
+    x = gradient_like(seed, rank).to(_DEV[0])
     res = {fmt: all_reduce_(x.clone(), fmt=fmt, backend=be) for fmt in ("fp8_e4m3", "fp8_e5m2", "int8")}
     res["naive_fp8"] = baselines.naive_fp8_all_reduce_(x.clone(), backend=be)
     res["bf16"] = baselines.bf16_all_reduce_(x.clone())

@@ -167,6 +167,20 @@ class _Meter:
                            "by_tag": {"/".join(map(str, k)): v for k, v in sorted(by_tag.items())}})
 
 
+def _traced(f: Any, kind: str, vs: int, meter: _Meter, vstages: tuple[int, ...], log: list[str]) -> Any:
+    """``f`` (a stage's forward_one_chunk or backward_one_chunk) polled by ``meter`` before and after,
+    its saved tensors tagged (kind, virtual stage, micro-batch), and logged as an action."""
+    def run(i: int, *a: Any, **kw: Any) -> Any:
+        meter.poll(f"{vs}{kind}{i}<", vstages)
+        meter.tag = (kind, vs, i)
+        log.append(f"{vs}{kind}{i}")
+        out = f(i, *a, **kw)
+        meter.poll(f"{vs}{kind}{i}>", vstages)
+        return out
+
+    return run
+
+
 def _worker(rank: int, job: dict, out_dir: str) -> None:
     try:
         _worker_body(rank, job, out_dir)
@@ -222,25 +236,8 @@ def _worker_body(rank: int, job: dict, out_dir: str) -> None:
             # on the last stage, growing every step, in our runs.)
             st = PipelineStage(m, vs, spec.virtual_stages, torch.device("cpu"))
             m.register_forward_hook(lambda mod, args, out, _m=meter: _m.add(out, "pipeline"))
-            f0, b0 = st.forward_one_chunk, st.backward_one_chunk
-
-            def fwd(i, *a, _f=f0, _vs=vs, **kw):
-                meter.poll(f"{_vs}F{i}<", vstages)
-                meter.tag = ("F", _vs, i)
-                log.append(f"{_vs}F{i}")
-                out = _f(i, *a, **kw)
-                meter.poll(f"{_vs}F{i}>", vstages)
-                return out
-
-            def bwd(i, *a, _f=b0, _vs=vs, **kw):
-                meter.poll(f"{_vs}B{i}<", vstages)
-                meter.tag = ("B", _vs, i)
-                log.append(f"{_vs}B{i}")
-                out = _f(i, *a, **kw)
-                meter.poll(f"{_vs}B{i}>", vstages)
-                return out
-
-            st.forward_one_chunk, st.backward_one_chunk = fwd, bwd
+            st.forward_one_chunk = _traced(st.forward_one_chunk, "F", vs, meter, vstages, log)
+            st.backward_one_chunk = _traced(st.backward_one_chunk, "B", vs, meter, vstages, log)
             stages.append(st)
         sched = make_schedule(spec, stages, loss_fn=causal_lm_loss)
         g = torch.Generator().manual_seed(job["seed"] + 1)
