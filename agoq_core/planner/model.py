@@ -15,7 +15,7 @@ from agoq_core.models import MODELS, ModelShape, ModelShapeError, get_model_shap
 from agoq_core.planner.errors import PlannerError
 from agoq_core.planner.schedules import PipelineSpec
 
-__all__ = ["TransformerShape", "MODEL_PRESETS", "model_shape", "split_layers"]
+__all__ = ["TransformerShape", "MODEL_PRESETS", "model_shape", "split_layers", "stage_params"]
 
 #: The planner's historical names for the registry's ModelShape and MODELS (same objects).
 TransformerShape = ModelShape
@@ -44,3 +44,19 @@ def split_layers(num_layers: int, spec: PipelineSpec) -> tuple[tuple[int, ...], 
         out.append(tuple(range(start, start + n)))
         start += n
     return tuple(out)
+
+
+def stage_params(shape: ModelShape, spec: PipelineSpec, rank: int,
+                 layers: tuple[tuple[int, ...], ...] | None = None) -> int:
+    """Parameters pipeline rank ``rank`` holds (all its virtual stages): its decoder layers, the
+    embedding on virtual stage 0, the final norm and LM head on the last (``layers``: the split,
+    default :func:`split_layers`)."""
+    layers = layers if layers is not None else split_layers(shape.layers, spec)
+    n = 0
+    for vs in spec.vstages_of(rank):
+        n += len(layers[vs]) * shape.layer_params
+        if vs == 0:
+            n += shape.embed_params
+        if vs == spec.virtual_stages - 1:
+            n += shape.head_params
+    return n

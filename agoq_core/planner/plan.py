@@ -16,7 +16,7 @@ from agoq_core.formats.spec import get_format
 from agoq_core.planner.errors import BudgetError, PlannerError
 from agoq_core.planner.fidelity import FidelityTable, measure_fidelity
 from agoq_core.planner.memory import ActivationCostTable, StaticMemoryConfig, check_candidates, static_bytes
-from agoq_core.planner.model import TransformerShape, model_shape, split_layers
+from agoq_core.planner.model import TransformerShape, model_shape, split_layers, stage_params
 from agoq_core.planner.schedules import SCHEDULES, InflightProfile, PipelineSpec, inflight
 from agoq_core.planner.solver import Option, peak_bytes, solve_rank
 
@@ -219,17 +219,6 @@ def _activation_table(cfg: PlanConfig, shape: TransformerShape) -> ActivationCos
                                     dtype=cfg.dtype, device=cfg.measure_device)
 
 
-def _stage_params(shape: TransformerShape, spec: PipelineSpec, layers: Sequence[Sequence[int]], rank: int) -> int:
-    n = 0
-    for vs in spec.vstages_of(rank):
-        n += len(layers[vs]) * shape.layer_params
-        if vs == 0:
-            n += shape.embed_params
-        if vs == spec.virtual_stages - 1:
-            n += shape.head_params
-    return n
-
-
 def _extras(costs: ActivationCostTable, spec: PipelineSpec, rank: int, io: Sequence[int]) -> list[int]:
     last = spec.virtual_stages - 1
     return [costs.chunk_bytes + (costs.first_stage_bytes if vs == 0 else 0)
@@ -358,7 +347,7 @@ def plan_for_pipeline(model_config: object, stages: int | None = None, microbatc
         io, held, recv, stale = _pipeline_io(cfg, shape, spec, r, costs.last_stage_bytes)
         extras = _extras(costs, spec, r, io)
         states, offsets = _constraints(profile.ranks[r], held, stale)
-        static = static_bytes(_stage_params(shape, spec, layers, r), cfg.static)
+        static = static_bytes(stage_params(shape, spec, r, layers), cfg.static)
         if cfg.activations != "bits":
             static["pipeline_buffers"] = recv
         base_peak = _uniform_peak(costs, n_layers, extras, states, offsets, cfg.baseline_format)
