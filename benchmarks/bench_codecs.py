@@ -26,12 +26,12 @@ with the eager reference output on the GPU ("exact").
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
 import os
-import platform
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the shared harness beside this script
+import harness  # noqa: E402
 
 SIZES_MIB = (64, 256, 1024)
 GRAD_FORMATS = ("fp8_e4m3", "fp8_e5m2", "int8", "mxfp8")
@@ -53,7 +53,7 @@ def _parse(argv):
     ap.add_argument("--no-sweep", action="store_true", help="skip the launch-geometry sweep")
     ap.add_argument("--deadline-s", type=float, default=330.0,
                     help="stop starting new measurements after this many seconds (rows left are marked)")
-    ap.add_argument("--json", help="write the JSON here (default $OUT/bench_codecs.json if $OUT is set)")
+    harness.add_json_arg(ap, "bench_codecs")
     return ap.parse_args(argv)
 
 
@@ -358,20 +358,12 @@ def main(argv=None) -> dict:
     for e in errors:
         print(f"ERROR {e}")
 
-    env = {"date": _dt.date.today().isoformat(), "python": platform.python_version(), "torch": torch.__version__,
-           "triton": triton.__version__, "device": str(dev), "command": " ".join([sys.executable] + sys.argv)}
-    if dev.type == "cuda":
-        p = torch.cuda.get_device_properties(dev)
-        env.update(gpu=p.name, sms=p.multi_processor_count, memory_gib=round(p.total_memory / 2**30, 1))
+    env = harness.environment(dev)
     result = {"env": env, "copy": {"size_mib": max(sizes), "us": t_copy * 1e3, "gb_s": copy_gbs}, "rows": rows,
               "compile": compile_info, "sweep": sweep, "fused_rmsnorm": fused, "skipped": skipped,
               "errors": errors, "all_exact": bool(rows) and all(r["exact"] for r in rows) and not errors,
               "seconds": time.time() - t_start}
-    path = args.json or (os.path.join(os.environ["OUT"], "bench_codecs.json") if os.environ.get("OUT") else None)
-    if path:
-        with open(path, "w") as f:
-            json.dump(result, f, indent=1)
-        print(f"wrote {path}")
+    harness.write_json(result, args.json, "bench_codecs")
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "bench_codecs.md"), "w") as f:
             f.write(markdown(result))

@@ -87,23 +87,19 @@ def _use_checkout():
             sys.path.insert(0 if not sub else len(sys.path), p)
 
 
-def _shape_kw(smoke, layers):
-    kw = (dict(hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=4,
-               num_key_value_heads=4, vocab_size=512) if smoke else
-          dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-               num_key_value_heads=32, vocab_size=32000))
-    if layers:
-        kw["num_hidden_layers"] = layers
-    return kw
+def _shape(smoke, layers):
+    """LLaMA-2-7B, or for --smoke the registry's micro shape with 4 layers and a 352-wide MLP."""
+    from agoq_core.models import get_model_shape
+
+    shape = get_model_shape("micro").replace(layers=4, intermediate=352) if smoke else get_model_shape("llama2-7b")
+    return shape.replace(layers=layers) if layers else shape
 
 
 def build(cell, device):
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import AutoModelForCausalLM
 
-    cfg = LlamaConfig(max_position_embeddings=max(cell["seqs"]), rms_norm_eps=1e-5, use_cache=False,
-                      attention_dropout=0.0, tie_word_embeddings=False, **_shape_kw(cell["smoke"], cell["layers"]))
-    cfg._attn_implementation = "sdpa"
+    cfg = _shape(cell["smoke"], cell["layers"]).to_hf_config(max_position_embeddings=max(cell["seqs"]))
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)

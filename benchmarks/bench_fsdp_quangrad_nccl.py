@@ -107,7 +107,10 @@ def fsdp_step(args, dev, world):
 
     from agoq_core.quangrad import fsdp as qg_fsdp
 
-    dim, hidden, layers, tokens = (64, 176, 2, 128) if args.smoke else (4096, 11008, args.layers, 4096)
+    from agoq_core.models import MODELS
+
+    big = MODELS["llama2-7b"]
+    dim, hidden, layers, tokens = (64, 176, 2, 128) if args.smoke else (big.hidden, big.intermediate, args.layers, 4096)
     res = {"dim": dim, "hidden": hidden, "layers": layers, "tokens_per_rank": tokens}
     for mode in ("nccl", "quangrad"):
         torch.manual_seed(0)

@@ -33,19 +33,18 @@ y, and the SQNR of the fused outputs against the unfused ones.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
 import os
-import platform
 import sys
 import time
 
-SHAPES = {  # model: (hidden, intermediate)
-    "llama2-7b": (4096, 11008),
-    "llama3-8b": (4096, 14336),
-}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the shared harness beside this script
+import harness  # noqa: E402
+
+from agoq_core.models import MODELS  # noqa: E402
+
+SHAPES = {m: (MODELS[m].hidden, MODELS[m].intermediate) for m in ("llama2-7b", "llama3-8b")}  # (hidden, inter)
 TOKENS = (4096, 8192, 16384)
-TINY_SHAPES = {"tiny": (128, 384)}
+TINY_SHAPES = {"micro": (MODELS["micro"].hidden, MODELS["micro"].intermediate)}
 TINY_TOKENS = (64, 96)
 
 
@@ -55,7 +54,7 @@ def _parse(argv):
     ap.add_argument("--tokens", type=int, nargs="*", help=f"token counts (default {TOKENS})")
     ap.add_argument("--models", nargs="*", choices=sorted(SHAPES), help="model shapes (default all)")
     ap.add_argument("--fmt", default="nf4", help="activation format (default nf4, LAAQConfig's default)")
-    ap.add_argument("--json", help="write the JSON here (default $OUT/bench_fusion.json if $OUT is set)")
+    harness.add_json_arg(ap, "bench_fusion")
     return ap.parse_args(argv)
 
 
@@ -182,12 +181,7 @@ def main(argv=None) -> dict:
 
     report = _report(rows, args, torch, be, dev)
     _print(report)
-    path = args.json or (os.path.join(os.environ["OUT"], "bench_fusion.json") if os.environ.get("OUT") else None)
-    if path:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w") as f:
-            json.dump(report, f, indent=1)
-        print(f"wrote {path}")
+    harness.write_json(report, args.json, "bench_fusion")
     return report
 
 
@@ -222,17 +216,12 @@ def _row(model, kind, tokens, mnk, plain, unfused, fused, extra, check, launch, 
 
 
 def _report(rows, args, torch, be, dev) -> dict:
-    import triton
-
     def gmean(v):
         import math
         return round(math.exp(sum(math.log(max(x, 1e-9)) for x in v) / len(v)), 3) if v else None
 
-    env = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-           "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-           "python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
-           "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (Triton interpreter)",
-           "backend": repr(be), "fmt": args.fmt, "tiny": args.tiny}
+    env = harness.environment(dev, backend=repr(be), fmt=args.fmt, tiny=args.tiny)
+    env["device"] = env.get("gpu") or "cpu (Triton interpreter)"
     summary = {
         "speedup_vs_unfused_mean": round(sum(r["speedup_vs_unfused"] for r in rows) / len(rows), 3),
         "speedup_vs_unfused_gmean": gmean([r["speedup_vs_unfused"] for r in rows]),

@@ -24,14 +24,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import gc
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the shared harness beside this script
+import harness  # noqa: E402
 
 GIB = 1 << 30  # the unit of the table (MiB with --tiny)
 
@@ -51,7 +52,7 @@ def parse(argv=None):
     ap.add_argument("--layers", type=int, default=None, help="override the number of layers (default 32)")
     ap.add_argument("--backend", default=None, help="agoq backend for LAAQ's codecs (default: auto)")
     ap.add_argument("--fmt", default=None, help="LAAQ format for every quantized role (default: the paper policy)")
-    ap.add_argument("--json", default=None, help="output JSON path (default $OUT/bench_laaq.json)")
+    harness.add_json_arg(ap, "bench_laaq")
     ap.add_argument("--fake-oom-above", type=int, default=None,
                     help="testing: raise a simulated OOM for sequences longer than this")
     ap.add_argument("--ladder-only", default=None, help=argparse.SUPPRESS)  # internal: one method's ladder
@@ -109,19 +110,11 @@ class _FakeOOM(torch.OutOfMemoryError if hasattr(torch, "OutOfMemoryError") else
 
 # ---- model -------------------------------------------------------------------------------------------
 def build(args, device):
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import AutoModelForCausalLM
 
-    if args.tiny:
-        kw = dict(hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=4, vocab_size=512)
-    else:  # LLaMA-2-7B
-        kw = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-                  num_key_value_heads=32, vocab_size=32000)
-    if args.layers:
-        kw["num_hidden_layers"] = args.layers
-    cfg = LlamaConfig(max_position_embeddings=max(args.ladder + args.seqs), rms_norm_eps=1e-5, use_cache=False,
-                      attention_dropout=0.0, tie_word_embeddings=False, **kw)
-    cfg._attn_implementation = "sdpa"
+    name = "micro" if args.tiny else "llama2-7b"
+    cfg = harness.hf_config(name, max_position_embeddings=max(args.ladder + args.seqs),
+                            **({"num_hidden_layers": args.layers} if args.layers else {}))
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
@@ -306,8 +299,7 @@ def main(args=ARGS):
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     grads = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters())
     meta = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([sys.executable] + sys.argv), "host": platform.node(),
+        **harness.environment(),
         "device": (torch.get_device_module(device.type).get_device_name(device) if mem.mod else str(device)),
         "device_total_bytes": mem.total(), "torch": torch.__version__, "transformers": transformers.__version__,
         "agoq_backend": args.backend or selected_backend_name(), "liger_kernel": liger,
@@ -356,11 +348,7 @@ def main(args=ARGS):
     report = {"meta": meta, "laaq_report": laaq_report, "runs": runs, "max_seq": max_seq,
               "goals": goals(runs, max_seq, args)}
     print_table(report, args)
-    path = args.json or (os.path.join(os.environ["OUT"], "bench_laaq.json") if os.environ.get("OUT") else None)
-    if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(report, indent=2, default=str))
-        print(f"# wrote {path}")
+    harness.write_json(report, args.json, "bench_laaq", indent=2)
     return report
 
 

@@ -30,12 +30,15 @@ import argparse
 import datetime
 import json
 import os
-import platform
-import socket
 import statistics
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the shared harness beside this script
+import harness  # noqa: E402
+
+from agoq_core.testing.inputs import gradient_like  # noqa: E402
 
 SIZES_MIB = (1, 2, 4, 8, 16, 32, 64)
 
@@ -50,7 +53,7 @@ def _parse(argv):
                     help="cpu: gloo + the reference codec; cuda: one GPU per rank, NCCL, the agoq_cuda kernels "
                          "(PYTHONPATH=.:backends/triton_common:backends/cuda), falling back to the reference codec "
                          "on the GPU with a printed note")
-    ap.add_argument("--json", help="write the JSON here (default $OUT/bench_quangrad.json if $OUT is set)")
+    harness.add_json_arg(ap, "bench_quangrad")
     return ap.parse_args(argv)
 
 
@@ -155,26 +158,13 @@ def _rank_main(rank, world, sizes_mib, reps, fmt):
     return {"rows": rows, "errors": _errors(rank, world, be), "codec_backend": be_note}
 
 
-def _gradient_like(seed, rank, n_segments=24, seg=4096):
-    import torch
-
-    g_common = torch.Generator().manual_seed(seed)
-    g_rank = torch.Generator().manual_seed(seed * 7919 + rank + 1)
-    scales = 10.0 ** (torch.rand(n_segments, generator=g_common) * 4 - 5)
-    common = torch.randn(n_segments * seg, generator=g_common)
-    chi = torch.distributions.Chi2(3.0)
-    torch.manual_seed(seed * 31 + rank)
-    t3 = torch.randn(n_segments * seg, generator=g_rank) / torch.sqrt(chi.sample((n_segments * seg,)) / 3.0)
-    return (0.5 * common + t3) * scales.repeat_interleave(seg)
-
-
 def _errors(rank, world, be, seed=5):
     import torch
     import torch.distributed as dist
 
     from agoq_core.quangrad import all_reduce_, baselines
 
-    x = _gradient_like(seed, rank).to(_DEV[0])
+    x = gradient_like(seed, rank).to(_DEV[0])
     res = {fmt: all_reduce_(x.clone(), fmt=fmt, backend=be) for fmt in ("fp8_e4m3", "fp8_e5m2", "int8")}
     res["naive_fp8"] = baselines.naive_fp8_all_reduce_(x.clone(), backend=be)
     res["bf16"] = baselines.bf16_all_reduce_(x.clone())
@@ -227,9 +217,7 @@ def main(argv=None) -> dict:
     import torch
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = harness.free_port()
     t0 = time.time()
     with tempfile.TemporaryDirectory() as outdir:
         mp.start_processes(_entry, args=(args.world, port, outdir, (args.sizes_mib, args.reps, args.fmt, args.device)),
@@ -237,22 +225,17 @@ def main(argv=None) -> dict:
         with open(os.path.join(outdir, "r0.json")) as f:
             res = json.load(f)
     meta = {
-        "date": datetime.date.today().isoformat(), "host": platform.node(), "cpu": platform.processor() or platform.machine(),
-        "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
+        **harness.environment(),
         "world": args.world, "fmt": args.fmt, "reps": args.reps, "device": args.device,
         "backend": res.get("codec_backend"),
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]), "wall_s": round(time.time() - t0, 1),
+        "wall_s": round(time.time() - t0, 1),
         "load_avg_1m_at_end": os.getloadavg()[0],
     }
     if args.device == "cuda":
         meta["gpu"] = torch.cuda.get_device_name(0)
     out = {"meta": meta, **res}
     _print(out)
-    path = args.json or (os.path.join(os.environ["OUT"], "bench_quangrad.json") if os.environ.get("OUT") else None)
-    if path:
-        with open(path, "w") as f:
-            json.dump(out, f, indent=1)
-        print(f"wrote {path}")
+    harness.write_json(out, args.json, "bench_quangrad")
     return out
 
 

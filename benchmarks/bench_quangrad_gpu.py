@@ -29,29 +29,27 @@ prints two tables and writes ``$OUT/bench_quangrad_gpu.json`` (or ``--json PATH`
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import gc
-import json
 import os
-import platform
 import sys
 import time
 
-LLAMA2_7B = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                 num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096)
-TINY = dict(vocab_size=512, hidden_size=128, intermediate_size=352, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the shared harness beside this script
+import harness  # noqa: E402
+
+from agoq_core.models import MODELS  # noqa: E402
+
 HBM_TBPS = 4.8  # H200 peak HBM3e bandwidth
 
 
 def _parse(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", choices=["llama2-7b", "tiny"], default="llama2-7b")
+    ap.add_argument("--model", choices=list(MODELS), default="llama2-7b", help="a shape of agoq_core.models")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--bucket-log2", type=int, default=25, help="kernel timing bucket = 2**N elements")
     ap.add_argument("--backend", default="auto", help="'auto' (agoq_cuda if importable, else reference), 'cuda', 'reference'")
-    ap.add_argument("--json", help="write the JSON here (default $OUT/bench_quangrad_gpu.json if $OUT is set)")
+    harness.add_json_arg(ap, "bench_quangrad_gpu")
     return ap.parse_args(argv)
 
 
@@ -113,10 +111,9 @@ class _Mem:
 
 def _build_model(args, device):
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    shape = LLAMA2_7B if args.model == "llama2-7b" else TINY
-    cfg = LlamaConfig(**shape, tie_word_embeddings=False)
+    cfg = harness.hf_config(args.model, max_position_embeddings=max(args.seq, 128))
     prev = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)  # build in bf16 directly: no 27 GB fp32 copy on the way
     try:
@@ -317,21 +314,11 @@ def main(argv=None) -> dict:
     mem = memory_runs(args, device, be, note)
     kern = kernel_timings(args, device, be, note)
     check = protocol_check(device, be, note)
-    meta = {"date": _dt.date.today().isoformat(), "host": platform.node(), "torch": torch.__version__,
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
-            "command": " ".join([os.path.basename(sys.executable), *sys.argv]), "wall_s": round(time.time() - t0, 1)}
-    try:
-        import transformers
-        meta["transformers"] = transformers.__version__
-    except Exception:  # noqa: BLE001
-        pass
+    meta = harness.environment(device, wall_s=round(time.time() - t0, 1))
+    meta["device"] = meta.get("gpu") or meta["cpu"]
     res = {"meta": meta, "memory": mem, "kernels": kern, "protocol_check": check}
     _print(res)
-    path = args.json or (os.path.join(os.environ["OUT"], "bench_quangrad_gpu.json") if os.environ.get("OUT") else None)
-    if path:
-        with open(path, "w") as f:
-            json.dump(res, f, indent=1)
-        print(f"wrote {path}")
+    harness.write_json(res, args.json, "bench_quangrad_gpu")
     import torch.distributed as dist
 
     if dist.is_initialized():

@@ -33,6 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the shared harness beside this script
+import harness  # noqa: E402
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 _RS = _AG = None
@@ -187,7 +189,7 @@ def _worker(args) -> int:
                     "measurements": {k: v["rows"] for k, v in result.items()},
                     "skipped": {k: v["skipped"] for k, v in result.items()}})
         text = json.dumps(prof.to_dict(), indent=2) + "\n"
-        out = args.out or (os.path.join(os.environ["OUT"], f"{name}.json") if os.environ.get("OUT") else None)
+        out = harness.json_path(args.out, name)
         if out:
             Path(out).parent.mkdir(parents=True, exist_ok=True)
             Path(out).write_text(text)
@@ -259,9 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         args.world = torch.cuda.device_count() if backend == "nccl" else 2
     if args.world < 2:
         ap.error(f"--world must be >= 2 to measure a collective, got {args.world}")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = harness.free_port()
     import torch.multiprocessing as mp
 
     mp.spawn(_spawned, args=(args, port, backend), nprocs=args.world, join=True)

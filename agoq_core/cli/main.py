@@ -24,8 +24,11 @@ _SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    from agoq_core import __version__
+
     parser = argparse.ArgumentParser(prog="agoq", description="AGoQ: activation and gradient quantization.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    parser.add_argument("--version", action="version", version=f"agoq {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_) in _SUBCOMMANDS.items():
         if name != only:  # listed in --help without importing the module

@@ -3,6 +3,7 @@
 Builds a randomly initialised HF model of the given family and shape (no download), runs one
 forward with the LM loss under agoq_core.laaq's meter, without and with LAAQ, and prints both.
 ``--device meta`` measures full-size shapes (e.g. ``--preset llama2-7b --seq 4096``) without data.
+Presets are agoq_core.models' shapes; ``--hidden``/``--layers``/... replace a preset's fields.
 """
 from __future__ import annotations
 
@@ -10,11 +11,7 @@ import argparse
 import json
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-_PRESETS = {  # hidden, intermediate, layers, heads, kv_heads, vocab
-    "tiny": (256, 688, 2, 4, 4, 1024),
-    "llama2-7b": (4096, 11008, 32, 32, 32, 32000),
-    "llama3-8b": (4096, 14336, 32, 32, 8, 128256),
-}
+_OVERRIDES = ("hidden", "intermediate", "layers", "heads", "kv_heads", "vocab")
 
 
 def _policy(name: str, attention_core: str | None, block: int):
@@ -33,14 +30,16 @@ def _policy(name: str, attention_core: str | None, block: int):
 
 def build_model(args: argparse.Namespace):
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    h, inter, layers, heads, kv, vocab = _PRESETS[args.preset]
-    kw = dict(hidden_size=args.hidden or h, intermediate_size=args.intermediate or inter,
-              num_hidden_layers=args.layers or layers, num_attention_heads=args.heads or heads,
-              num_key_value_heads=args.kv_heads or args.heads or kv, vocab_size=args.vocab or vocab,
-              max_position_embeddings=max(args.seq, 128), use_cache=False)
-    cfg = AutoConfig.for_model(args.model, **kw)
+    from agoq_core.models import get_model_shape
+
+    shape = get_model_shape(args.preset)
+    changes = {k: getattr(args, k) for k in _OVERRIDES if getattr(args, k) is not None}
+    if args.heads is not None and args.kv_heads is None:
+        changes["kv_heads"] = args.heads  # --heads alone: plain multi-head attention
+    shape = shape.replace(**changes)  # validated: ModelShapeError names a bad size
+    cfg = shape.to_hf_config(args.model, max_position_embeddings=max(args.seq, 128))
     cfg._attn_implementation = args.attn
     dtype = getattr(torch, _DTYPES[args.dtype])
     torch.manual_seed(0)
@@ -74,10 +73,12 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(p: argparse.ArgumentParser) -> None:
+    from agoq_core.models import MODELS
+
     p.add_argument("--model", default="llama", choices=["llama", "mistral", "qwen2", "qwen3"],
                    help="HF model family (default llama)")
-    p.add_argument("--preset", default="tiny", choices=sorted(_PRESETS),
-                   help="shape preset; --hidden/--layers/... override its fields (default tiny)")
+    p.add_argument("--preset", default="tiny", choices=list(MODELS),
+                   help="shape preset (agoq_core.models); --hidden/--layers/... override its fields (default tiny)")
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--hidden", type=int, default=None)
     p.add_argument("--intermediate", type=int, default=None)

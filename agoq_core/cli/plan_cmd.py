@@ -91,7 +91,7 @@ def _run_budget(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from agoq_core.planner import PlanConfig, StaticMemoryConfig, plan_for_pipeline
+    from agoq_core.planner import StaticMemoryConfig, plan_for_pipeline
     from agoq_core.planner.errors import PlannerError
 
     if args.budget:
@@ -108,7 +108,7 @@ def _run(args: argparse.Namespace) -> int:
                            f"64xA6000 --inter 200Gbps --tp 8 --pp 4 --dp 2)")
     from agoq_core.planner.explain import parse_bytes, render_plan
 
-    cfg = PlanConfig(
+    options = dict(
         schedule=args.schedule, stages=args.stages, microbatches=args.microbatches, chunks=args.chunks,
         microbatch_size=args.microbatch_size, seq_len=args.seq_len,
         candidates=tuple(f.strip() for f in args.candidates.split(",") if f.strip()),
@@ -118,7 +118,7 @@ def _run(args: argparse.Namespace) -> int:
                                  if args.activation_budget_bytes is not None else None),
         activations=args.activations, dtype=args.dtype, measure_device=args.measure_device,
         static=StaticMemoryConfig(param_bytes=args.param_bytes, grads=args.grads, optimizer=args.optimizer))
-    plan = plan_for_pipeline(_load_model(args.model), config=cfg)
+    plan = plan_for_pipeline(_load_model(args.model), **options)
     check = _torch_check(plan.spec)
     run = None
     if args.run_check:
@@ -141,6 +141,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(p: argparse.ArgumentParser) -> None:
+    from agoq_core.models import MODELS
     from agoq_core.planner.plan import DEFAULT_CANDIDATES
 
     p.add_argument("--stages", type=int, default=4, help="pipeline stages (ranks) [4]")
@@ -148,8 +149,7 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schedule", default="interleaved-1f1b", help="gpipe, 1f1b or interleaved-1f1b [interleaved-1f1b]")
     p.add_argument("--chunks", type=int, default=None, help="virtual chunks per stage (interleaved: 2)")
     p.add_argument("--model", default="llama2-7b",
-                   help="preset (tiny, llama-1b, llama2-7b, llama3-8b, llama2-13b) or an HF config.json / "
-                        "model directory [llama2-7b]")
+                   help=f"preset ({', '.join(MODELS)}) or an HF config.json / model directory [llama2-7b]")
     p.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence [4096]")
     p.add_argument("--microbatch-size", type=int, default=1, help="sequences per micro-batch [1]")
     p.add_argument("--candidates", default=",".join(DEFAULT_CANDIDATES), help="candidate formats, comma-separated")

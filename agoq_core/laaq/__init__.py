@@ -13,12 +13,12 @@ norm statistics and the SwiGLU output are recomputed in backward; the attention 
 ``LAAQConfig`` selects other formats per role and per layer (DBCA-PP), or the naive all-4-bit
 ablation. ``measure_saved_bytes`` reports what autograd really keeps, per layer and part.
 """
-from agoq_core.laaq.config import NATIVE, ROLES, LAAQConfig, RolePlan
-from agoq_core.laaq.families import FAMILIES, LayerFamily, register_family
+from agoq_core.laaq.config import NATIVE, ROLES, LAAQConfig, RolePlan  # noqa: F401
+from agoq_core.laaq.families import FAMILIES, LayerFamily, register_family  # noqa: F401
 from agoq_core.laaq.integrate import (Conversion, LAAQReport, Skip, apply, convert_linear, convert_norm,
                                       convert_swiglu, is_converted, remove)
 from agoq_core.laaq.loss import chunked_linear_cross_entropy
-from agoq_core.laaq.memory import PARTS, SavedBytes, SavedBytesMeter, flash_layout_sdpa, measure_saved_bytes
+from agoq_core.laaq.memory import PARTS, SavedBytes, SavedBytesMeter, flash_layout_sdpa, measure_saved_bytes  # noqa: F401
 from agoq_core.laaq.numerics import GradientErrors, gradient_errors
 from agoq_core.laaq.policy import PolicyReport, apply_policy
 
@@ -30,13 +30,9 @@ __all__ = [
     "LAAQReport",
     "Conversion",
     "Skip",
-    "ROLES",
-    "NATIVE",
-    "RolePlan",
     # model families
     "LayerFamily",
     "register_family",
-    "FAMILIES",
     # own model code
     "convert_norm",
     "convert_linear",
@@ -46,8 +42,6 @@ __all__ = [
     "measure_saved_bytes",
     "SavedBytes",
     "SavedBytesMeter",
-    "PARTS",
-    "flash_layout_sdpa",
     # numerics
     "gradient_errors",
     "GradientErrors",

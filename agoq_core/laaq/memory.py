@@ -28,7 +28,7 @@ from agoq_core.laaq import storage
 from agoq_core.laaq.config import LAAQConfig
 from agoq_core.laaq.families import FAMILIES, LayerFamily
 
-__all__ = ["PARTS", "SavedBytes", "SavedBytesMeter", "measure_saved_bytes", "flash_layout_sdpa"]
+__all__ = ["PARTS", "SavedBytes", "SavedBytesMeter", "StorageLedger", "measure_saved_bytes", "flash_layout_sdpa"]
 
 #: Parts of a decoder layer, in forward order. LAAQ roles land in: norm_input -> norm,
 #: attention_core -> attn_core, attn_out_input -> o_in, mlp_act_input -> act.
@@ -102,6 +102,57 @@ def _skey(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
 
 
+class StorageLedger:
+    """The distinct tensor storages seen, each with its size and a tag, counted only while alive.
+
+    The bookkeeping of every saved-bytes meter in agoq (this module's, ``agoq train``'s and the
+    planner's pipeline check): a storage is keyed by its identity, so a view or a tensor saved twice
+    counts once and whole; ``exclude`` storages (parameters) never count; a storage freed since it was
+    seen drops out (a weak reference), and a new storage at a recycled address is a new entry.
+    """
+
+    def __init__(self, exclude: Iterable[torch.Tensor] = ()) -> None:
+        self.excluded: set[int] = {_skey(t) for t in exclude}
+        self.entries: dict[int, tuple[StorageWeakRef, int, Any]] = {}
+
+    def add(self, t: Any, tag: Any) -> Any:
+        """Record ``t``'s storage under ``tag``; returns the tag of the live entry already holding it
+        (then nothing changes), else None."""
+        if not isinstance(t, torch.Tensor) or t.is_nested:
+            return None
+        try:
+            st = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # e.g. a tensor subclass without storage
+            return None
+        key = st._cdata
+        if key in self.excluded:
+            return None
+        old = self.entries.get(key)
+        if old is not None and not old[0].expired():
+            return old[2]
+        self.entries[key] = (StorageWeakRef(st), st.nbytes(), tag)
+        return None
+
+    def retag(self, t: torch.Tensor, tag: Any) -> None:
+        ref, nbytes, _ = self.entries[_skey(t)]
+        self.entries[_skey(t)] = (ref, nbytes, tag)
+
+    def alive(self) -> list[tuple[int, Any]]:
+        """(bytes, tag) of every recorded storage still alive; forgets the dead ones."""
+        out, dead = [], []
+        for key, (ref, nbytes, tag) in self.entries.items():
+            if ref.expired():
+                dead.append(key)
+            else:
+                out.append((nbytes, tag))
+        for key in dead:
+            del self.entries[key]
+        return out
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+
 class SavedBytesMeter:
     """Context manager: while active, records what autograd keeps in ``model``; read ``result()``
     after the forward (before backward frees it)."""
@@ -111,10 +162,9 @@ class SavedBytesMeter:
         self.label = label
         rows = list(families) if families is not None else list(FAMILIES.values())
         self._by_class = {c: r for r in rows for c in r.layer_classes}
-        self._entries: dict[int, tuple[int | None, str, int, StorageWeakRef]] = {}
+        self._ledger = StorageLedger()
         self._scope: list[tuple[int | None, str]] = []
         self._handles: list[Any] = []
-        self._param_keys: set[int] = set()
         self._hooks: Any = None
 
     # ---- scopes -------------------------------------------------------------------------------------
@@ -170,16 +220,7 @@ class SavedBytesMeter:
 
     # ---- recording ----------------------------------------------------------------------------------
     def _record(self, t: torch.Tensor, layer: int | None, part: str) -> None:
-        if not isinstance(t, torch.Tensor) or t.is_nested:
-            return
-        try:
-            st = t.untyped_storage()
-        except (RuntimeError, NotImplementedError):  # e.g. a tensor subclass without storage
-            return
-        key = st._cdata
-        if key in self._param_keys or key in self._entries:
-            return
-        self._entries[key] = (layer, part, st.nbytes(), StorageWeakRef(st))
+        self._ledger.add(t, (layer, part))
 
     def _where(self) -> tuple[int | None, str]:
         return self._scope[-1] if self._scope else (None, "other")
@@ -196,8 +237,7 @@ class SavedBytesMeter:
             self._record(t, slayer if self._scope else layer, part)
 
     def __enter__(self) -> "SavedBytesMeter":
-        self._entries.clear()
-        self._param_keys = {_skey(p) for p in self.model.parameters()}
+        self._ledger = StorageLedger(exclude=self.model.parameters())
         self._install_scopes()
         storage.add_listener(self._listen)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
@@ -215,9 +255,7 @@ class SavedBytesMeter:
     def result(self) -> SavedBytes:
         """Bytes of the recorded storages that are still alive."""
         out = SavedBytes(label=self.label)
-        for layer, part, nbytes, ref in self._entries.values():
-            if ref.expired():
-                continue
+        for nbytes, (layer, part) in self._ledger.alive():
             if layer is None:
                 key = part if part in _OUTSIDE else "other"
                 out.outside[key] = out.outside.get(key, 0) + nbytes

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import torch.nn as nn
 
+from agoq_core import laaq
 from agoq_core.planner.errors import PlannerError
 from agoq_core.planner.schedules import SCHEDULES, PipelineSpec
 
@@ -28,9 +29,6 @@ def laaq_config_for_layers(formats: Mapping[int, str], base: Any = None) -> Any:
     Roles that ``base`` keeps native (the attention core by default) stay native; layers not listed
     (and the final norm) keep ``base``'s formats.
     """
-    from agoq_core.planner.measure import _laaq
-
-    laaq = _laaq()
     base = base if base is not None else laaq.LAAQConfig()
     if not isinstance(base, laaq.LAAQConfig):
         raise PlannerError(f"base must be an LAAQConfig, got {type(base).__name__}")

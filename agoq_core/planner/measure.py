@@ -18,25 +18,15 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from agoq_core import laaq
+from agoq_core.models import ModelShape
 from agoq_core.planner.errors import PlannerError
 from agoq_core.planner.memory import ActivationCostTable, check_candidates
-from agoq_core.planner.model import TransformerShape
 
 __all__ = ["measure_activation_costs", "hf_config", "laaq_policy"]
 
 _DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
            "float32": "float32", "fp32": "float32"}
-
-
-def _laaq():
-    try:
-        from agoq_core import laaq
-        from agoq_core.laaq import LAAQConfig, measure_saved_bytes  # noqa: F401
-    except ImportError as exc:
-        raise PlannerError(
-            f"activations='measured' needs LAAQ (agoq_core.laaq: LAAQConfig, measure_saved_bytes), which "
-            f"cannot be imported here ({exc}); plan with activations='formula' instead") from None
-    return laaq
 
 
 def torch_dtype(name: str):
@@ -48,22 +38,13 @@ def torch_dtype(name: str):
     return getattr(torch, key)
 
 
-def hf_config(shape: TransformerShape, *, layers: int | None = None, seq_len: int = 2048) -> Any:
-    """A transformers LlamaConfig of ``shape`` (SDPA attention, no cache)."""
-    from transformers import LlamaConfig
-
-    cfg = LlamaConfig(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
-                      num_hidden_layers=layers or shape.layers, num_attention_heads=shape.heads,
-                      num_key_value_heads=shape.kv_heads, max_position_embeddings=max(seq_len, 128),
-                      tie_word_embeddings=shape.tie_embeddings, use_cache=False, bos_token_id=None,
-                      eos_token_id=None, pad_token_id=None, attention_dropout=0.0)
-    cfg._attn_implementation = "sdpa"
-    return cfg
+def hf_config(shape: ModelShape, *, layers: int | None = None, seq_len: int = 2048) -> Any:
+    """``shape.to_hf_config()`` with ``layers`` decoder layers and room for ``seq_len`` positions."""
+    return shape.to_hf_config(num_hidden_layers=layers or shape.layers, max_position_embeddings=max(seq_len, 128))
 
 
 def laaq_policy(fmt: str, base: Any = None) -> Any:
     """``base`` (default: LAAQ's paper policy) with every role it quantizes stored in ``fmt``."""
-    laaq = _laaq()
     base = base if base is not None else laaq.LAAQConfig()
     names = base.plan(None).names()
     changes = {r: fmt for r in laaq.ROLES if names[r] != laaq.NATIVE}
@@ -91,7 +72,6 @@ class _Probe:
 
         from agoq_core.planner.apply import causal_lm_loss
 
-        laaq = _laaq()
         report = laaq.apply(self.stage, policy)
         try:
             if self.device == "meta":
@@ -119,7 +99,7 @@ class _Probe:
 _PROBE_SEQ = 32
 
 
-def measure_activation_costs(shape: TransformerShape, *, microbatch_size: int, seq_len: int,
+def measure_activation_costs(shape: ModelShape, *, microbatch_size: int, seq_len: int,
                              formats: Sequence[str], baseline_format: str = "nf4", block: int | None = None,
                              dtype: str = "bfloat16", device: str = "cpu", base: Any = None,
                              extrapolate: bool | None = None) -> ActivationCostTable:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import tempfile
 import time
 import traceback
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agoq_core.planner.errors import PlannerError
+from agoq_core.testing.dist import free_port
 
 __all__ = ["run_planned_pipeline", "PipelineRunReport", "RankRun"]
 
@@ -120,39 +120,24 @@ def predicted_peaks(plan: Any, rank: int) -> dict[str, int]:
 # ---- the worker ------------------------------------------------------------------------------------
 
 class _Meter:
-    """Alive bytes of saved tensors and pipeline-held outputs, tagged by (virtual stage, micro-batch)."""
+    """Alive bytes of saved tensors and pipeline-held outputs, tagged by (virtual stage, micro-batch),
+    kept in LAAQ's StorageLedger (one storage counted once, parameters excluded, only while alive)."""
 
-    def __init__(self, param_keys: set[int]) -> None:
-        from torch.multiprocessing.reductions import StorageWeakRef
+    def __init__(self, params: Any) -> None:
+        from agoq_core.laaq.memory import StorageLedger
 
-        self._ref = StorageWeakRef
-        self.param_keys = param_keys
-        self.entries: dict[int, tuple[Any, int, str, tuple]] = {}
+        self.ledger = StorageLedger(exclude=params)
         self.tag: tuple = ("none",)
         self.polls: list[dict] = []
         self.per_mb: dict[tuple, int] = {}
 
     def add(self, t: Any, kind: str, tag: tuple | None = None) -> None:
-        import torch
-
-        if not isinstance(t, torch.Tensor) or t.is_nested:
-            return
-        try:
-            st = t.untyped_storage()
-        except (RuntimeError, NotImplementedError):
-            return
-        key = st._cdata
-        if key in self.param_keys:
-            return
         tag = tag or self.tag
-        old = self.entries.get(key)
-        if old is not None and not old[0].expired():
-            if old[3] != tag and old[3][0] == "F" and tag[0] == "F":
-                # saved by several micro-batches (the input ids or targets, chunked views of one batch):
-                # counted once, and it says nothing about which micro-batches are in flight
-                self.entries[key] = (old[0], old[1], old[2], ("shared",))
-            return  # already counted (a view, or the same tensor saved twice)
-        self.entries[key] = (self._ref(st), st.nbytes(), kind, tag)
+        old = self.ledger.add(t, (kind, tag))
+        if old is not None and old[1] != tag and old[1][0] == "F" and tag[0] == "F":
+            # saved by several micro-batches (the input ids or targets, chunked views of one batch):
+            # counted once, and it says nothing about which micro-batches are in flight
+            self.ledger.retag(t, (old[0], ("shared",)))
 
     def pack(self, t: Any) -> Any:
         self.add(t, "saved")
@@ -169,29 +154,31 @@ class _Meter:
         alive = {"saved": 0, "pipeline": 0}
         mbs = {vs: set() for vs in vstages}
         by_tag: dict[tuple, int] = {}
-        dead = []
-        for key, (ref, nbytes, kind, tag) in self.entries.items():
-            if ref.expired():
-                dead.append(key)
-                continue
+        for nbytes, (kind, tag) in self.ledger.alive():
             alive[kind] += nbytes
             if os.environ.get("AGOQ_PP_DEBUG") and tag[0] == "none":
                 by_tag[("none", kind, nbytes)] = by_tag.get(("none", kind, nbytes), 0) + 1
             if kind == "saved" and tag[0] == "F":
                 mbs[tag[1]].add(tag[2])
                 by_tag[tag] = by_tag.get(tag, 0) + nbytes
-        for key in dead:
-            del self.entries[key]
         for tag, b in by_tag.items():
             self.per_mb[tag] = max(self.per_mb.get(tag, 0), b)
         self.polls.append({"at": label, **alive, "inflight": [len(mbs[vs]) for vs in vstages],
                            "by_tag": {"/".join(map(str, k)): v for k, v in sorted(by_tag.items())}})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _traced(f: Any, kind: str, vs: int, meter: _Meter, vstages: tuple[int, ...], log: list[str]) -> Any:
+    """``f`` (a stage's forward_one_chunk or backward_one_chunk) polled by ``meter`` before and after,
+    its saved tensors tagged (kind, virtual stage, micro-batch), and logged as an action."""
+    def run(i: int, *a: Any, **kw: Any) -> Any:
+        meter.poll(f"{vs}{kind}{i}<", vstages)
+        meter.tag = (kind, vs, i)
+        log.append(f"{vs}{kind}{i}")
+        out = f(i, *a, **kw)
+        meter.poll(f"{vs}{kind}{i}>", vstages)
+        return out
+
+    return run
 
 
 def _worker(rank: int, job: dict, out_dir: str) -> None:
@@ -212,8 +199,8 @@ def _worker_body(rank: int, job: dict, out_dir: str) -> None:
     from agoq_core import laaq
     from agoq_core.laaq import storage
     from agoq_core.planner.apply import build_stage_modules, causal_lm_loss, laaq_config_for_layers, make_schedule
+    from agoq_core.models import ModelShape
     from agoq_core.planner.measure import hf_config, torch_dtype
-    from agoq_core.planner.model import TransformerShape
     from agoq_core.planner.schedules import PipelineSpec
 
     torch.set_num_threads(1)
@@ -222,7 +209,7 @@ def _worker_body(rank: int, job: dict, out_dir: str) -> None:
     try:
         spec = PipelineSpec(schedule=job["schedule"], stages=job["stages"], microbatches=job["microbatches"],
                             chunks=job["chunks"])
-        shape = TransformerShape(**job["shape"])
+        shape = ModelShape(**job["shape"])
         dtype = torch_dtype(job["dtype"])
         torch.manual_seed(job["seed"])  # every rank builds the same weights
         model = LlamaForCausalLM(hf_config(shape, seq_len=job["seq_len"])).to(dtype)
@@ -237,8 +224,7 @@ def _worker_body(rank: int, job: dict, out_dir: str) -> None:
                 if c.layer is not None:
                     laaq_formats.setdefault(str(c.layer), [])
                     laaq_formats[str(c.layer)] = sorted(set(laaq_formats[str(c.layer)]) | set(c.formats.values()))
-        param_keys = {p.untyped_storage()._cdata for _, m in mods for p in m.parameters()}
-        meter = _Meter(param_keys)
+        meter = _Meter([p for _, m in mods for p in m.parameters()])
         vstages = tuple(vs for vs, _ in mods)
         last_vs = spec.virtual_stages - 1
         stages = []
@@ -250,25 +236,8 @@ def _worker_body(rank: int, job: dict, out_dir: str) -> None:
             # on the last stage, growing every step, in our runs.)
             st = PipelineStage(m, vs, spec.virtual_stages, torch.device("cpu"))
             m.register_forward_hook(lambda mod, args, out, _m=meter: _m.add(out, "pipeline"))
-            f0, b0 = st.forward_one_chunk, st.backward_one_chunk
-
-            def fwd(i, *a, _f=f0, _vs=vs, **kw):
-                meter.poll(f"{_vs}F{i}<", vstages)
-                meter.tag = ("F", _vs, i)
-                log.append(f"{_vs}F{i}")
-                out = _f(i, *a, **kw)
-                meter.poll(f"{_vs}F{i}>", vstages)
-                return out
-
-            def bwd(i, *a, _f=b0, _vs=vs, **kw):
-                meter.poll(f"{_vs}B{i}<", vstages)
-                meter.tag = ("B", _vs, i)
-                log.append(f"{_vs}B{i}")
-                out = _f(i, *a, **kw)
-                meter.poll(f"{_vs}B{i}>", vstages)
-                return out
-
-            st.forward_one_chunk, st.backward_one_chunk = fwd, bwd
+            st.forward_one_chunk = _traced(st.forward_one_chunk, "F", vs, meter, vstages, log)
+            st.backward_one_chunk = _traced(st.backward_one_chunk, "B", vs, meter, vstages, log)
             stages.append(st)
         sched = make_schedule(spec, stages, loss_fn=causal_lm_loss)
         g = torch.Generator().manual_seed(job["seed"] + 1)
@@ -362,11 +331,11 @@ def run_planned_pipeline(plan: Any, *, steps: int = 1, seed: int = 0, timeout: f
     job = {
         "schedule": spec.schedule, "stages": spec.stages, "microbatches": spec.microbatches, "chunks": spec.chunks,
         "shape": {k: getattr(plan.shape, k) for k in ("hidden", "layers", "heads", "kv_heads", "intermediate",
-                                                      "vocab", "tie_embeddings", "name")},
+                                                      "vocab", "rope_theta", "tie_embeddings", "name")},
         "layers": [list(x) for x in split_layers(plan.shape.layers, spec)],
         "formats": {str(k): v for k, v in plan.layer_formats.items()},
         "dtype": plan.config.dtype, "seq_len": plan.config.seq_len, "microbatch_size": plan.config.microbatch_size,
-        "seed": seed, "steps": steps, "port": _free_port(),
+        "seed": seed, "steps": steps, "port": free_port(),
     }
     with tempfile.TemporaryDirectory(prefix="agoq-pp-") as out_dir:
         ctx = mp.get_context("spawn")

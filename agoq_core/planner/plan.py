@@ -1,6 +1,6 @@
 """DBCA-PP plans: the activation format of every layer on every pipeline stage.
 
-``plan_for_pipeline(model, stages, microbatches, schedule)`` walks the schedule to find what each
+``plan_for_pipeline(model, stages, microbatches, schedule, **options)`` walks the schedule to find what each
 stage keeps in flight, prices each layer's activations per format, and picks formats with the exact
 solver so that every stage stays within the budget while the summed expected quantization error is
 as small as it can be. The paper's closed form (B_i = 4 N_1 / N_i rounded to {4,5,6,8}) is evaluated
@@ -16,7 +16,7 @@ from agoq_core.formats.spec import get_format
 from agoq_core.planner.errors import BudgetError, PlannerError
 from agoq_core.planner.fidelity import FidelityTable, measure_fidelity
 from agoq_core.planner.memory import ActivationCostTable, StaticMemoryConfig, check_candidates, static_bytes
-from agoq_core.planner.model import TransformerShape, model_shape, split_layers
+from agoq_core.planner.model import TransformerShape, model_shape, split_layers, stage_params
 from agoq_core.planner.schedules import SCHEDULES, InflightProfile, PipelineSpec, inflight
 from agoq_core.planner.solver import Option, peak_bytes, solve_rank
 
@@ -219,17 +219,6 @@ def _activation_table(cfg: PlanConfig, shape: TransformerShape) -> ActivationCos
                                     dtype=cfg.dtype, device=cfg.measure_device)
 
 
-def _stage_params(shape: TransformerShape, spec: PipelineSpec, layers: Sequence[Sequence[int]], rank: int) -> int:
-    n = 0
-    for vs in spec.vstages_of(rank):
-        n += len(layers[vs]) * shape.layer_params
-        if vs == 0:
-            n += shape.embed_params
-        if vs == spec.virtual_stages - 1:
-            n += shape.head_params
-    return n
-
-
 def _extras(costs: ActivationCostTable, spec: PipelineSpec, rank: int, io: Sequence[int]) -> list[int]:
     last = spec.virtual_stages - 1
     return [costs.chunk_bytes + (costs.first_stage_bytes if vs == 0 else 0)
@@ -318,32 +307,27 @@ def _describe_state(state: Sequence[int], vstages: Sequence[int]) -> str:
 # ---- the verb ------------------------------------------------------------------------------------
 
 def plan_for_pipeline(model_config: object, stages: int | None = None, microbatches: int | None = None,
-                      schedule: str | None = None, budget: int | None = None, *,
-                      config: PlanConfig | None = None, fidelity: FidelityTable | None = None,
-                      costs: ActivationCostTable | None = None, **options) -> Plan:
+                      schedule: str | None = None, *, fidelity: FidelityTable | None = None,
+                      costs: ActivationCostTable | None = None, **options: Any) -> Plan:
     """Plan the activation formats of every layer for a pipeline-parallel run.
 
-    ``model_config``: a preset name (``"tiny"``, ``"llama2-7b"`` ...), an HF config or model, or a
-    TransformerShape. ``budget``: device bytes per stage (weights + gradients + optimizer +
-    activations); None = the paper's rule, the uniform 4-bit activation peak of the fullest stage.
-    Other PlanConfig fields can be given as keywords or as ``config``. ``fidelity`` and ``costs``
-    override the measured NSR table and the activation cost table (tests, what-if studies).
+    ``model_config``: a preset name of agoq_core.models (``"tiny"``, ``"llama2-7b"`` ...), an HF config
+    or model, or a ModelShape. Every option is a :class:`PlanConfig` field given by name (``stages``,
+    ``microbatches`` and ``schedule`` may also come first, positionally), e.g. ``budget_bytes``: device
+    bytes per stage (weights + gradients + optimizer + activations); not given = the paper's rule, the
+    uniform 4-bit activation peak of the fullest stage. ``fidelity`` and ``costs`` override the
+    measured NSR table and the activation cost table (tests, what-if studies).
     """
-    base = config or PlanConfig()
-    changes = dict(options)
-    for k, v in (("stages", stages), ("microbatches", microbatches), ("schedule", schedule),
-                 ("budget_bytes", budget)):
-        if v is not None:
-            changes[k] = v
-    if changes:
-        import dataclasses
+    import dataclasses
 
-        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(PlanConfig)})
-        if unknown:
-            raise PlannerError(f"unknown plan options {unknown}; PlanConfig fields: "
-                               f"{[f.name for f in dataclasses.fields(PlanConfig)]}")
-        base = dataclasses.replace(base, **changes)
-    cfg = base
+    for k, v in (("stages", stages), ("microbatches", microbatches), ("schedule", schedule)):
+        if v is not None:
+            options[k] = v
+    known = [f.name for f in dataclasses.fields(PlanConfig)]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise PlannerError(f"unknown plan options {unknown}; PlanConfig fields: {known}")
+    cfg = PlanConfig(**options)
     shape = model_shape(model_config)
     spec = cfg.spec
     profile = inflight(spec)
@@ -363,7 +347,7 @@ def plan_for_pipeline(model_config: object, stages: int | None = None, microbatc
         io, held, recv, stale = _pipeline_io(cfg, shape, spec, r, costs.last_stage_bytes)
         extras = _extras(costs, spec, r, io)
         states, offsets = _constraints(profile.ranks[r], held, stale)
-        static = static_bytes(_stage_params(shape, spec, layers, r), cfg.static)
+        static = static_bytes(stage_params(shape, spec, r, layers), cfg.static)
         if cfg.activations != "bits":
             static["pipeline_buffers"] = recv
         base_peak = _uniform_peak(costs, n_layers, extras, states, offsets, cfg.baseline_format)

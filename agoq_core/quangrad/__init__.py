@@ -14,7 +14,7 @@ after ``fully_shard`` (module ``fsdp``). docs/quangrad.md has the rest.
 from agoq_core.quangrad.baselines import bf16_all_reduce_, fp32_all_reduce_, naive_fp8_all_reduce_
 from agoq_core.quangrad.collective import ReduceScatterResult, all_reduce_, reduce_scatter
 from agoq_core.quangrad.comm_hook import QuanGradHookState, quangrad_hook, register_comm_hook
-from agoq_core.quangrad.config import GRADIENT_FORMATS, QuanGradConfig
+from agoq_core.quangrad.config import GRADIENT_FORMATS, QuanGradConfig  # noqa: F401
 from agoq_core.quangrad.layout import LayoutMismatchError
 from agoq_core.quangrad.optim import optimizer_factory
 from agoq_core.quangrad.protocol import simulate_all_reduce, simulate_reduce_scatter
@@ -41,7 +41,6 @@ __all__ = [
     # simulation (conformance)
     "simulate_all_reduce",
     "simulate_reduce_scatter",
-    # errors, constants
+    # errors
     "LayoutMismatchError",
-    "GRADIENT_FORMATS",
 ]

@@ -29,8 +29,8 @@ from typing import Literal
 
 from agoq_core.formats.spec import get_format
 from agoq_core.planner.memory import ActivationCostTable, StaticMemoryConfig, static_bytes
-from agoq_core.planner.model import TransformerShape, split_layers
-from agoq_core.planner.plan import Plan, PlanConfig, plan_for_pipeline
+from agoq_core.planner.model import TransformerShape, split_layers, stage_params
+from agoq_core.planner.plan import Plan, plan_for_pipeline
 from agoq_core.planner.schedules import PipelineSpec, inflight
 from agoq_core.planner.solver import peak_bytes
 from agoq_core.scale.errors import ScaleError
@@ -97,19 +97,6 @@ def _baseline_layer(shape: TransformerShape, tokens: int, accounting: Accounting
         return 28 * U, 8 * tokens, U + logits
     # HF: final norm (3U) + LM-head input (1U) + fp32 logits
     return hf_plain_layer_bytes(shape, tokens), 8 * tokens, 4 * U + logits
-
-
-def stage_params(shape: TransformerShape, spec: PipelineSpec, rank: int) -> int:
-    """Parameters of pipeline rank ``rank`` (all its virtual stages), before tensor parallelism."""
-    layers = split_layers(shape.layers, spec)
-    n = 0
-    for vs in spec.vstages_of(rank):
-        n += len(layers[vs]) * shape.layer_params
-        if vs == 0:
-            n += shape.embed_params
-        if vs == spec.virtual_stages - 1:
-            n += shape.head_params
-    return n
 
 
 def stage_static(params: int, cfg: StaticMemoryConfig, *, tp: int, dp: int, zero: int) -> dict[str, int]:
@@ -218,10 +205,9 @@ def agoq_memory(shape: TransformerShape, spec: PipelineSpec, *, tokens: int, seq
         table = ActivationCostTable.from_formula(shape, tokens=tokens, seq_len=seq,
                                                  formats=tuple(dict.fromkeys(tuple(candidates) + ("nf4",))))
     table = _shard(table, tp)
-    cfg = PlanConfig(schedule=spec.schedule, stages=spec.stages, microbatches=spec.microbatches, chunks=spec.chunks,
-                     microbatch_size=microbatch_size, seq_len=seq, candidates=tuple(candidates), baseline_format="nf4",
-                     activations="formula", pipeline_buffers=False, static=static)
-    plan = plan_for_pipeline(shape, config=cfg, costs=table)
+    plan = plan_for_pipeline(shape, spec.stages, spec.microbatches, spec.schedule, costs=table, chunks=spec.chunks,
+                             microbatch_size=microbatch_size, seq_len=seq, candidates=tuple(candidates),
+                             baseline_format="nf4", activations="formula", pipeline_buffers=False, static=static)
     statics = [stage_static(stage_params(shape, spec, r), static, tp=tp, dp=dp, zero=zero) for r in range(spec.stages)]
     stages = tuple(StageMemory(stage=r, static=statics[r], activation_peak=plan.stages[r].activation_peak,
                                recompute_layers=0, formats=dict(plan.stages[r].formats)) for r in range(spec.stages))

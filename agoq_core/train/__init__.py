@@ -8,21 +8,22 @@ Quick start::
 
 Every arm trains a randomly initialised Hugging Face ``LlamaForCausalLM`` from the same seed on the
 same WikiText-2 batches (shipped with agoq; nothing is downloaded). See docs/training.md.
+
+This is an application on top of the library: it needs the ``[train]`` extra (transformers,
+tokenizers, matplotlib, tqdm), which ``run`` checks before any work starts (``MissingExtraError``
+names what is missing and the install command). The model shapes are agoq_core.models'; the arms are
+the table in agoq_core/train/recipes.py.
 """
-from agoq_core.train.config import ABLATIONS, ConfigError, TrainConfig, config_from_dict, load_config_file
-from agoq_core.train.models import MODEL_SIZES
+from agoq_core.train.config import ConfigError, TrainConfig
+from agoq_core.train.extras import MissingExtraError
 from agoq_core.train.run import TrainError, run
 
 __all__ = [
     # the verb and its config
     "run",
     "TrainConfig",
-    # config helpers
-    "config_from_dict",
-    "load_config_file",
-    "MODEL_SIZES",
-    "ABLATIONS",
     # errors
     "ConfigError",
+    "MissingExtraError",
     "TrainError",
 ]

@@ -8,43 +8,15 @@ when the parameters are not fp32) and reduces the 8-bit gradients across data-pa
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-from agoq_core.train.arms import Arm, ArmUnavailable, make_optimizer
+from agoq_core import laaq, quangrad
+from agoq_core.train.arms import Arm, ArmUnavailable, make_baseline_arm, make_optimizer
 from agoq_core.train.config import TrainConfig
+from agoq_core.train.recipes import RECIPES, Recipe
 from agoq_core.train.runtime import Runtime
 
-__all__ = ["make_agoq_arm", "RECIPES", "laaq_policy", "quangrad_config"]
-
-
-@dataclass(frozen=True)
-class Recipe:
-    laaq: Callable[[Any], Any] | None   # LAAQConfig class -> policy; None: autograd's own activations
-    quangrad: dict[str, Any] | None     # QuanGradConfig fields; None: plain .grad (+ DDP), as the baseline
-
-
-# The 4-bit format is LAAQ's default (int4, block 128) for both the paper policy and the naive
-# uniform one, so the uniform4-attn ablation changes *where* 4 bits are used, nothing else.
-RECIPES: dict[str, Recipe] = {
-    "agoq": Recipe(laaq=lambda C: C.paper(), quangrad={"fmt": "fp8_e4m3", "collective": "quangrad"}),
-    "uniform4-attn": Recipe(laaq=lambda C: C.uniform(C().norm_input, include_attention=True),
-                            quangrad={"fmt": "fp8_e4m3", "collective": "quangrad"}),
-    "naive-fp8-allreduce": Recipe(laaq=lambda C: C.paper(), quangrad={"fmt": "fp8_e4m3", "collective": "naive_fp8"}),
-    "int8-everywhere": Recipe(laaq=lambda C: C.uniform("int8", include_attention=True),
-                              quangrad={"fmt": "int8", "collective": "quangrad"}),
-    "laaq-only": Recipe(laaq=lambda C: C.paper(), quangrad=None),
-    "quangrad-only": Recipe(laaq=None, quangrad={"fmt": "fp8_e4m3", "collective": "quangrad"}),
-}
-
-
-def _import(module: str, what: str):
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise ArmUnavailable(f"{what} is not available: importing {module} failed ({exc})") from None
+__all__ = ["make_agoq_arm", "laaq_policy", "quangrad_config", "check_recipe"]
 
 
 def laaq_policy(name: str):
@@ -52,14 +24,12 @@ def laaq_policy(name: str):
     the caller."""
     if RECIPES[name].laaq is None:
         return None
-    laaq = _import("agoq_core.laaq", "LAAQ (activation quantization)")
     return RECIPES[name].laaq(laaq.LAAQConfig)
 
 
 def quangrad_config(name: str, cfg: TrainConfig, group: Any = None, *, clip: bool = True):
-    qg = _import("agoq_core.quangrad", "QuanGrad (8-bit gradients)")
-    return qg.QuanGradConfig(**RECIPES[name].quangrad, max_grad_norm=(cfg.grad_clip or None) if clip else None,
-                             group=group)
+    return quangrad.QuanGradConfig(**RECIPES[name].quangrad,
+                                   max_grad_norm=(cfg.grad_clip or None) if clip else None, group=group)
 
 
 def check_recipe(name: str, cfg: TrainConfig) -> Recipe:
@@ -82,21 +52,17 @@ def make_agoq_arm(name: str, model, rt: Runtime, cfg: TrainConfig, *, laaq_confi
     policy = laaq_config if laaq_config is not None else laaq_policy(name)
     report = None
     if policy is not None:
-        laaq = _import("agoq_core.laaq", "LAAQ (activation quantization)")
         report = laaq.apply(laaq_target if laaq_target is not None else model, policy)
     if recipe.quangrad is None:  # gradients as in the baseline (.grad, DDP, fp32 masters for bf16)
-        from agoq_core.train.arms import make_baseline_arm
-
         arm = make_baseline_arm(model, rt, cfg)
         arm.name, arm.laaq_report = name, report
         arm.notes.insert(0, str(report))
         return arm
-    qg_mod = _import("agoq_core.quangrad", "QuanGrad (8-bit gradients)")
     qcfg = quangrad_config(name, cfg, group, clip=clip_in_quangrad)
     arm = Arm(name=name, model=model, rt=rt, cfg=cfg)
     arm.laaq_report = report
     try:
-        wrapper = qg_mod.QuanGradDDP(model, lambda ps: make_optimizer(ps, cfg, cfg.agoq_optimizer), config=qcfg)
+        wrapper = quangrad.QuanGradDDP(model, lambda ps: make_optimizer(ps, cfg, cfg.agoq_optimizer), config=qcfg)
     except BaseException:
         if report is not None:
             report.undo()

@@ -1,17 +1,8 @@
 """The arms of a comparison: how each one wraps the same model, optimizer and gradient sync.
 
 Every arm builds its model from the same seed and trains on the same batches; they differ only in
-what this file sets up:
-
-| arm | activations (LAAQ) | gradients (QuanGrad) | optimizer |
-|---|---|---|---|
-| baseline | autograd's own (fp32 on CPU, bf16 on accelerators) | ``.grad`` + DDP all-reduce | AdamW (fp32 masters for bf16) |
-| agoq | paper policy: norm / SiLU&Mul / out-proj inputs at 4 bits, attention core kept | FP8 E4M3 buffers, precision-preserving all-reduce | AdamW, or 8-bit AdamW with ``--agoq-optimizer adamw8bit`` |
-| uniform4-attn | everything 4-bit, attention core included | as agoq | as agoq |
-| naive-fp8-allreduce | as agoq | FP8, one shared scale, FP8 partial sums (FP8-LM) | as agoq |
-| int8-everywhere | everything int8, attention core included | int8 buffers | as agoq |
-| laaq-only | as agoq | as baseline | as baseline |
-| quangrad-only | as baseline | as agoq | as agoq |
+what this file (the baseline arm) and agoq_arm.py (the LAAQ / QuanGrad arms) set up, following the
+recipes in recipes.py.
 
 An arm whose parts are not installed is reported as unavailable (with the reason); it is never
 replaced by something else.
@@ -25,27 +16,16 @@ from typing import Any
 
 import torch
 
-from agoq_core.train.config import ABLATIONS, TrainConfig
+from agoq_core.quangrad.optim import optimizer_factory
+from agoq_core.train.config import TrainConfig
 from agoq_core.train.memory import grad_bytes, optimizer_state_bytes
 from agoq_core.train.runtime import Runtime
 
-__all__ = ["Arm", "ArmUnavailable", "MasterWeights", "make_arm", "make_baseline_arm", "make_optimizer",
-           "describe_arm"]
+__all__ = ["Arm", "ArmUnavailable", "MasterWeights", "make_baseline_arm", "make_optimizer"]
 
 
 class ArmUnavailable(RuntimeError):
     """This arm cannot run here (a component is missing); the message says which and why."""
-
-
-_DESCRIPTIONS = {
-    "baseline": "plain training: autograd's saved activations, .grad tensors, DDP all-reduce, AdamW",
-    "agoq": "LAAQ (paper policy, 4-bit) + QuanGrad (FP8 E4M3 gradients, precision-preserving all-reduce)",
-    **ABLATIONS,
-}
-
-
-def describe_arm(name: str) -> str:
-    return _DESCRIPTIONS[name]
 
 
 @dataclass
@@ -161,16 +141,16 @@ class MasterWeights:
 
 
 def make_optimizer(params, cfg: TrainConfig, kind: str):
+    """AdamW (``kind`` "adamw") or bitsandbytes' 8-bit AdamW ("adamw8bit") over ``params``, LLaMA's
+    recipe: betas (0.9, 0.95), eps 1e-8, no weight decay on 1-D tensors (the norms' weights)."""
     decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]  # norms' weights, as LLaMA recipes do
+    no_decay = [p for p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    if kind == "adamw8bit":
-        try:
-            import bitsandbytes as bnb
-        except ModuleNotFoundError as exc:
-            raise ArmUnavailable("agoq_optimizer='adamw8bit' needs bitsandbytes (pip install bitsandbytes)") from exc
-        return bnb.optim.AdamW8bit(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
+    try:
+        build = optimizer_factory(kind, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
+    except ImportError as exc:
+        raise ArmUnavailable(f"optimizer {kind!r}: {exc}") from exc
+    return build(groups)
 
 
 def make_baseline_arm(model: torch.nn.Module, rt: Runtime, cfg: TrainConfig) -> Arm:
@@ -190,16 +170,3 @@ def make_baseline_arm(model: torch.nn.Module, rt: Runtime, cfg: TrainConfig) -> 
         arm.notes.append("bf16 weights, fp32 master weights stepped by the optimizer")
     arm.optimizer = make_optimizer(params, cfg, cfg.optimizer)
     return arm
-
-
-def make_arm(name: str, model: torch.nn.Module, rt: Runtime, cfg: TrainConfig) -> Arm:
-    """Set up arm ``name`` around ``model`` (already on rt.device). Raises ArmUnavailable if it cannot run."""
-    if cfg.pp > 1:
-        from agoq_core.train.pipeline import make_pipeline_arm
-
-        return make_pipeline_arm(name, model, rt, cfg)
-    if name == "baseline":
-        return make_baseline_arm(model, rt, cfg)
-    from agoq_core.train.agoq_arm import make_agoq_arm
-
-    return make_agoq_arm(name, model, rt, cfg)

@@ -1,7 +1,12 @@
 """The configuration of an ``agoq train`` run: one frozen, keyword-only, validated dataclass.
 
 Values come from three layers, later ones winning: the defaults below, a ``--config`` file
-(JSON, TOML or YAML, keys named like the fields), and command-line flags.
+(JSON, TOML or YAML, keys named like the fields), and command-line flags. The layers are merged as
+plain values first (:func:`merge_options`); derived defaults (``warmup_steps`` = 10% of the final
+``steps``) are computed once, from the merged values, when the TrainConfig is built.
+
+Each field's ``metadata`` holds its command-line flag: ``agoq train``'s options are generated from
+this class (agoq_core/cli/train_cmd.py), so a new option is one field here.
 
 The defaults are sized so that the whole comparison (two arms) finishes in a few minutes on a
 2-core CPU: see docs/training.md for the measured times.
@@ -15,25 +20,27 @@ from pathlib import Path
 from typing import Any
 
 from agoq_core.errors import AgoqError
+from agoq_core.models import MODELS
+from agoq_core.train.recipes import ABLATIONS
 
-__all__ = ["TrainConfig", "ConfigError", "ABLATIONS", "load_config_file", "config_from_dict"]
+__all__ = ["TrainConfig", "ConfigError", "ABLATIONS", "load_config_file", "config_from_dict", "merge_options"]
 
 
 class ConfigError(AgoqError, ValueError):
     """A training option has a bad value, or a config file cannot be read."""
 
 
-# Ablation arms that ``--ablation`` can add next to the baseline and AGoQ arms (each one an extra arm,
-# trained on the same seed and data order). The meaning of each is implemented in agoq_core/train/arms.py.
-ABLATIONS: dict[str, str] = {
-    "uniform4-attn": "every saved activation, attention core included, at 4 bits (the paper: does not converge)",
-    "naive-fp8-allreduce": "FP8 gradients reduced the FP8-LM way: one shared scale, low-precision sum",
-    "int8-everywhere": "every saved activation (attention included) at int8 and int8 gradients",
-    "laaq-only": "AGoQ's activation half alone: LAAQ (paper policy) with plain .grad gradients and DDP",
-    "quangrad-only": "AGoQ's gradient half alone: QuanGrad FP8 gradients with autograd's own activations",
-}
-
 _DEVICES_HINT = "'auto', 'cpu', or an accelerator type torch knows ('cuda', 'npu', 'xpu', 'mps', ...)"
+
+# Option groups of ``agoq train --help``, in the order they are shown.
+OPTION_GROUPS = RUN, DATA, OPTIM, ARMS, HARDWARE = (
+    "run", "model and data", "optimisation (same for every arm)", "arms", "hardware and parallelism")
+
+
+def _opt(default: Any, group: str, help: str, **flag: Any) -> Any:
+    """A field with its command-line flag: ``help`` and ``group``; ``flag`` may give ``name`` (default
+    ``--field-name``; ``--no-x`` for a True boolean), ``metavar``."""
+    return field(default=default, metadata={"group": group, "help": help, **flag})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,51 +48,54 @@ class TrainConfig:
     """Everything that defines a run. ``agoq train --help`` documents each field."""
 
     # what is trained
-    model: str = "tiny"
-    seq_len: int = 128
-    micro_batch: int = 8            # sequences per micro-batch per data-parallel rank
-    grad_accum: int = 1             # micro-batches per optimizer step
-    steps: int = 300                # optimizer steps per arm (1.05 epochs of valid.txt at the defaults)
-    seed: int = 0
+    model: str = _opt("tiny", DATA, f"model size: {', '.join(MODELS)} (default: tiny)", metavar="SIZE")
+    seq_len: int = _opt(128, DATA, "tokens per sequence (default: 128)")
+    micro_batch: int = _opt(8, DATA, "sequences per micro-batch per rank (default: 8)")
+    grad_accum: int = _opt(1, DATA, "micro-batches per optimizer step (default: 1)")
+    # 300 steps: 1.05 epochs of valid.txt at the defaults
+    steps: int = _opt(300, DATA, "optimizer steps per arm (default: 300)")
+    seed: int = _opt(0, DATA, "init and data-order seed, shared by all arms (default: 0)")
     # optimisation (same for every arm)
-    lr: float = 2e-3
-    min_lr_ratio: float = 0.1       # cosine decay from lr to lr * min_lr_ratio
-    warmup_steps: int | None = None  # None = 10% of steps
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0          # clip the global gradient norm (0 disables)
-    optimizer: str = "adamw"        # baseline's optimizer: adamw (fp32 states)
-    agoq_optimizer: str = "adamw"   # AGoQ arm's optimizer: adamw or adamw8bit (bitsandbytes, the paper's "O")
+    lr: float = _opt(2e-3, OPTIM, "peak learning rate (default: 2e-3)")
+    min_lr_ratio: float = _opt(0.1, OPTIM, "final lr / peak lr (default: 0.1)")
+    warmup_steps: int | None = _opt(None, OPTIM, "linear warm-up steps (default: 10% of --steps)")
+    weight_decay: float = _opt(0.1, OPTIM, "AdamW weight decay (default: 0.1)")
+    grad_clip: float = _opt(1.0, OPTIM, "global-norm clipping, 0 = off (default: 1.0)")
+    optimizer: str = "adamw"        # baseline's optimizer: adamw (fp32 states); no flag
+    agoq_optimizer: str = _opt("adamw", OPTIM, "AGoQ arms' optimizer: adamw or adamw8bit (bitsandbytes) "
+                               "(default: adamw)", metavar="NAME")
     # arms
-    baseline: bool = True
-    agoq: bool = True
-    ablations: tuple[str, ...] = ()
+    ablations: tuple[str, ...] = _opt((), ARMS, "add an ablation arm (repeatable or comma-separated): " + "; ".join(
+        f"{k}: {v}" for k, v in ABLATIONS.items()), name="--ablation", metavar="NAME")
+    baseline: bool = _opt(True, ARMS, "skip the baseline arm")
+    agoq: bool = _opt(True, ARMS, "skip the AGoQ arm")
     # hardware and parallelism
-    device: str = "auto"
-    dtype: str = "auto"             # fp32 on CPU; bf16 weights + fp32 master weights on accelerators
-    nproc: int = 1                  # data-parallel processes
-    pp: int = 1                     # pipeline stages (needs nproc == pp * dp)
-    pp_microbatches: int = 0        # micro-batches per pipeline step; 0 = 2 * pp
-    pp_schedule: str = "1f1b"
-    threads: int = 0                # torch threads per process; 0 = cores / processes
+    device: str = _opt("auto", HARDWARE, "auto (default), cpu, cuda, npu, ...")
+    dtype: str = _opt("auto", HARDWARE, "auto (default: fp32 on CPU, bf16 on accelerators), fp32, bf16 (bf16 "
+                      "weights, fp32 masters)")
+    nproc: int = _opt(1, HARDWARE, "processes (data parallel x pipeline); spawned unless under torchrun (default: 1)")
+    pp: int = _opt(1, HARDWARE, "pipeline stages (DBCA-PP plan for the AGoQ arm) (default: 1)")
+    pp_microbatches: int = _opt(0, HARDWARE, "pipeline micro-batches per step (default: 2*pp)")
+    pp_schedule: str = _opt("1f1b", HARDWARE, "gpipe, 1f1b (default) or interleaved-1f1b")
+    threads: int = _opt(0, HARDWARE, "torch threads per process, 0 = cores / processes")
     # evaluation and output
-    eval_every: int = 50
-    eval_tokens: int = 16384
-    out_dir: str = "runs"
-    run_name: str = ""              # sub-folder of out_dir; "" = a timestamp
-    plot: bool = True
-    progress: bool = True
+    eval_every: int = _opt(50, DATA, "evaluate every N steps, 0 = only at the end (50)")
+    eval_tokens: int = _opt(16384, DATA, "held-out tokens per evaluation (default: 16384)")
+    out_dir: str = _opt("runs", RUN, "where run folders go (default: runs)")
+    run_name: str = _opt("", RUN, "run folder name (default: a timestamp)")
+    plot: bool = _opt(True, RUN, "skip curves.png")
+    progress: bool = _opt(True, RUN, "no progress bar")
 
     def __post_init__(self) -> None:
-        from agoq_core.train.models import MODEL_SIZES
-
-        if self.model not in MODEL_SIZES:
-            raise ConfigError(f"unknown model size {self.model!r}; choose one of {sorted(MODEL_SIZES)}")
+        if self.model not in MODELS:
+            raise ConfigError(f"unknown model size {self.model!r}; choose one of {sorted(MODELS)}")
         for name in ("seq_len", "micro_batch", "grad_accum", "steps", "nproc", "pp", "eval_tokens"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {v!r}")
-        if self.warmup_steps is None:
+        if self.warmup_steps is None:  # derived last: from the merged steps, whatever set them
             object.__setattr__(self, "warmup_steps", self.steps // 10)
+            object.__setattr__(self, "_derived", frozenset({"warmup_steps"}))
         for name in ("warmup_steps", "eval_every", "threads", "pp_microbatches", "seed"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -153,19 +163,41 @@ class TrainConfig:
         return (("baseline",) if self.baseline else ()) + (("agoq",) if self.agoq else ()) + self.ablations
 
     def to_dict(self) -> dict[str, Any]:
+        """Every option as resolved (derived defaults filled in)."""
         d = dataclasses.asdict(self)
         d["ablations"] = list(self.ablations)
         return d
 
+    def given(self) -> dict[str, Any]:
+        """The options as given: derived defaults left unset, so they follow a later change."""
+        return {k: v for k, v in self.to_dict().items() if k not in getattr(self, "_derived", ())}
+
     def replace(self, **changes: Any) -> "TrainConfig":
-        return config_from_dict({**self.to_dict(), **changes})
+        return config_from_dict({**self.given(), **changes})
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
 
+def merge_options(*sources: tuple[str, dict[str, Any]]) -> TrainConfig:
+    """One TrainConfig from ``(source name, values)`` pairs, later ones winning (a config file, then
+    flags). Each source's values are checked and named in errors; derived defaults are computed once,
+    after the merge."""
+    merged: dict[str, Any] = {}
+    for source, values in sources:
+        merged.update(_clean(values, source))
+    try:
+        return TrainConfig(**merged)
+    except TypeError as exc:  # e.g. a string where a number is needed, from a config file
+        raise ConfigError(f"{' + '.join(s for s, _ in sources) or 'options'}: {exc}") from exc
+
+
 def config_from_dict(values: dict[str, Any], *, source: str = "options") -> TrainConfig:
     """Build a TrainConfig from plain values (a parsed file or flags), with clear errors for typos."""
+    return merge_options((source, values))
+
+
+def _clean(values: dict[str, Any], source: str) -> dict[str, Any]:
     clean: dict[str, Any] = {}
     for key, v in values.items():
         name = key.replace("-", "_")
@@ -188,10 +220,7 @@ def config_from_dict(values: dict[str, Any], *, source: str = "options") -> Trai
         elif _FIELDS[name].type == "str" and not isinstance(v, str):
             raise ConfigError(f"{source}: {name} must be a string, got {v!r}")
         clean[name] = v
-    try:
-        return TrainConfig(**clean)
-    except TypeError as exc:  # e.g. a string where a number is needed, from a config file
-        raise ConfigError(f"{source}: {exc}") from exc
+    return clean
 
 
 def _as_ablations(v: Any, source: str) -> tuple[str, ...]:

@@ -12,14 +12,17 @@ from typing import Any, Callable
 
 import torch
 
-from agoq_core.train.arms import ArmUnavailable, describe_arm, make_arm
+from agoq_core.laaq import SavedBytesMeter
+from agoq_core.train.agoq_arm import make_agoq_arm
+from agoq_core.train.arms import Arm, ArmUnavailable, make_baseline_arm
 from agoq_core.train.config import TrainConfig
 from agoq_core.train.data import Corpus
-from agoq_core.train.memory import SavedTensorCounter
 from agoq_core.train.models import build_model, count_parameters
+from agoq_core.train.pipeline import make_pipeline_arm
+from agoq_core.train.recipes import describe_arm
 from agoq_core.train.runtime import Runtime
 
-__all__ = ["ArmResult", "train_arm", "lr_at", "TRAIN_LOSS_WINDOW"]
+__all__ = ["ArmResult", "train_arm", "make_arm", "lr_schedule", "TRAIN_LOSS_WINDOW"]
 
 # The "final train loss" of the table is the mean over the last steps: one step's loss on 1K tokens
 # swings by ~0.1 nats at this scale, which would hide a 1% difference between arms.
@@ -67,14 +70,22 @@ class ArmResult:
         }
 
 
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warm-up to ``lr`` over ``warmup_steps``, then cosine decay to ``lr * min_lr_ratio``."""
-    if cfg.warmup_steps and step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    span = max(1, cfg.steps - cfg.warmup_steps - 1)
-    t = min(1.0, (step - cfg.warmup_steps) / span)
-    lo = cfg.lr * cfg.min_lr_ratio
-    return lo + 0.5 * (cfg.lr - lo) * (1.0 + math.cos(math.pi * t))
+def make_arm(name: str, model: torch.nn.Module, rt: Runtime, cfg: TrainConfig) -> Arm:
+    """Set up arm ``name`` around ``model`` (already on rt.device). Raises ArmUnavailable if it cannot run."""
+    if cfg.pp > 1:
+        return make_pipeline_arm(name, model, rt, cfg)
+    if name == "baseline":
+        return make_baseline_arm(model, rt, cfg)
+    return make_agoq_arm(name, model, rt, cfg)
+
+
+def lr_schedule(optimizer: torch.optim.Optimizer, cfg: TrainConfig):
+    """Linear warm-up to ``lr`` over ``warmup_steps``, then cosine decay to ``lr * min_lr_ratio`` at
+    ``steps``: transformers' scheduler, as HF Trainer users run it (step 0 of a warm-up has lr 0)."""
+    from transformers import get_cosine_with_min_lr_schedule_with_warmup
+
+    return get_cosine_with_min_lr_schedule_with_warmup(optimizer, num_warmup_steps=cfg.warmup_steps,
+                                                       num_training_steps=cfg.steps, min_lr_rate=cfg.min_lr_ratio)
 
 
 def _all_reduce_sum(values: list[float], rt: Runtime) -> list[float]:
@@ -126,6 +137,7 @@ def train_arm(name: str, cfg: TrainConfig, rt: Runtime, corpus: Corpus,
         res.status, res.reason = "unavailable", str(exc)
         return res
     res.notes += arm.notes
+    schedule = lr_schedule(arm.optimizer, cfg)
     model.train()
     emit = sink or (lambda rec: None)
     bar = _progress(name, cfg, rt)
@@ -139,7 +151,7 @@ def train_arm(name: str, cfg: TrainConfig, rt: Runtime, corpus: Corpus,
     timed_seconds, timed_tokens = 0.0, 0
     try:
         for step in range(cfg.steps):
-            lr = lr_at(step, cfg)
+            lr = schedule.get_last_lr()[0]
             batches = corpus.step_batches(step, seed=cfg.seed, micro_batch=cfg.micro_batch,
                                           grad_accum=cfg.grad_accum, dp=cfg.dp, rank=rt.rank // cfg.pp)
             _sync(rt)
@@ -154,6 +166,7 @@ def train_arm(name: str, cfg: TrainConfig, rt: Runtime, corpus: Corpus,
             if step == measure_step:
                 res.memory["gradients"] = arm.grad_storage_bytes()
             grad_norm, skipped = arm.step(lr)
+            schedule.step()
             _sync(rt)
             dt = time.perf_counter() - t0
             if step == measure_step:
@@ -207,32 +220,19 @@ def train_arm(name: str, cfg: TrainConfig, rt: Runtime, corpus: Corpus,
 
 
 def _measured_micro_batch(arm, batch: torch.Tensor, scale: float, last: bool, res: ArmResult) -> float:
-    """The first micro-batch runs under a saved-bytes meter: the arm's activation memory.
-
-    LAAQ's meter (agoq_core.laaq.SavedBytesMeter) is used when LAAQ is installed: besides autograd's
-    saved tensors it hears what LAAQ stores itself, including what its attention hooks keep (those
-    hooks hide any outer saved_tensors_hooks). Without LAAQ our own counter measures the baseline.
-    """
+    """The first micro-batch runs under LAAQ's meter (agoq_core.laaq.SavedBytesMeter): the arm's
+    activation memory. Besides autograd's saved tensors it hears what LAAQ stores itself, including
+    what its attention hooks keep (those hooks hide any outer saved_tensors_hooks)."""
     if hasattr(arm, "measured_forward_backward"):  # pipeline arms: peak over the schedule's in-flight batches
         loss, mem = arm.measured_forward_backward(batch, scale=scale, last=last)
         res.memory.update(mem)
         return loss
-    meter = _laaq_meter(arm.model, res)
-    if meter is not None:
-        return arm.forward_backward(batch, scale=scale, last=last, forward_ctx=meter)
-    counter = SavedTensorCounter(exclude=list(arm.model.parameters()) + list(arm.model.buffers()),
-                                 regions={"decoder_layers": _decoder_layers(arm.model)})
-    loss = arm.forward_backward(batch, scale=scale, last=last, forward_ctx=counter.measure())
-    by_region = counter.bytes_by_region()
-    res.memory["activations"] = counter.bytes
-    res.memory["activations_decoder_layers"] = by_region["decoder_layers"]
-    res.memory["activations_other"] = by_region["other"]
-    res.notes.append("activation bytes measured by agoq_core.train.memory.SavedTensorCounter")
-    return loss
+    return arm.forward_backward(batch, scale=scale, last=last,
+                                forward_ctx=_meter(SavedBytesMeter(arm.model, label=res.name), res))
 
 
 @contextlib.contextmanager
-def _laaq_meter_ctx(meter, res: ArmResult):
+def _meter(meter: SavedBytesMeter, res: ArmResult):
     with meter:
         yield
     saved = meter.result()  # read now: the forward's graph is still alive (backward has not run)
@@ -240,20 +240,6 @@ def _laaq_meter_ctx(meter, res: ArmResult):
     res.memory["activations_decoder_layers"] = saved.layers_total
     res.memory["activations_other"] = saved.total - saved.layers_total
     res.activation_detail = saved.to_dict()
-
-
-def _laaq_meter(model: torch.nn.Module, res: ArmResult):
-    try:
-        from agoq_core.laaq import SavedBytesMeter
-    except ImportError:
-        return None
-    return _laaq_meter_ctx(SavedBytesMeter(model, label=res.name), res)
-
-
-def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    inner = getattr(model, "model", None)
-    layers = getattr(inner, "layers", None)
-    return list(layers) if layers is not None else []
 
 
 def _device_mem(rt: Runtime):
@@ -266,9 +252,7 @@ def _device_mem(rt: Runtime):
 def _progress(name: str, cfg: TrainConfig, rt: Runtime):
     if not (cfg.progress and rt.is_main):
         return None
-    try:
-        from tqdm.auto import tqdm
-    except ModuleNotFoundError:  # tqdm is in the [train] extra; run without a bar rather than fail
-        return None
+    from tqdm.auto import tqdm  # the [train] extra: checked at start-up (agoq_core.train.extras)
+
     return tqdm(total=cfg.steps, desc=f"{name:>20s}", unit="step", file=sys.stderr, dynamic_ncols=True,
                 leave=True, mininterval=0.5)

@@ -1,8 +1,7 @@
-"""Measured memory of a training arm: saved activations, gradient storage and optimizer state.
+"""Measured memory of a training arm: gradient storage and optimizer state (the saved activations
+are measured by LAAQ's meter, agoq_core.laaq.SavedBytesMeter, for every arm).
 
-All three are measured from live tensors, never computed from a formula:
-- activations: the distinct storages saved for backward during one micro-batch's forward, caught with
-  ``torch.autograd.graph.saved_tensors_hooks`` (parameters excluded: they are not activations);
+Both are measured from live tensors, never computed from a formula:
 - gradients: the distinct storages that hold gradients between backward and the optimizer step
   (the ``.grad`` tensors, or whatever extra buffers an arm reports, e.g. QuanGrad's 8-bit buffers);
 - optimizer state: the distinct tensor storages inside ``optimizer.state``.
@@ -12,12 +11,10 @@ of a big buffer keeps the whole buffer alive).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from contextlib import contextmanager
-from typing import Any, Iterator
 
 import torch
 
-__all__ = ["SavedTensorCounter", "storage_bytes", "grad_bytes", "optimizer_state_bytes", "format_bytes"]
+__all__ = ["storage_bytes", "grad_bytes", "optimizer_state_bytes", "format_bytes"]
 
 
 def _storage_key(t: torch.Tensor) -> tuple[str, int]:
@@ -53,67 +50,6 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
             if isinstance(v, torch.Tensor):
                 tensors.append(v)
     return storage_bytes(tensors)
-
-
-class SavedTensorCounter:
-    """Counts the bytes autograd keeps for backward while the ``measure()`` context is open.
-
-    Use around one micro-batch's forward; ``bytes`` is then the activation memory of that micro-batch
-    as the graph holds it at the end of the forward (the point where it peaks before backward).
-    Tensors saved by custom autograd Functions through ``ctx.save_for_backward`` are caught too, so an
-    arm whose saved tensors are 4-bit codes reports their real (packed) size.
-
-    Tensors saved while a module of ``regions`` runs its forward are attributed to that region's name,
-    the rest to ``"other"`` (for a causal LM: embeddings, final norm, logits and loss).
-    """
-
-    def __init__(self, exclude: Iterable[torch.Tensor] = (),
-                 regions: dict[str, Iterable[torch.nn.Module]] | None = None) -> None:
-        self._exclude = {_storage_key(t) for t in exclude}
-        self._seen: dict[tuple[str, int], tuple[str, int]] = {}
-        self._regions = {name: list(mods) for name, mods in (regions or {}).items()}
-        self._current = "other"
-        self.count = 0
-
-    @property
-    def bytes(self) -> int:
-        return sum(n for _, n in self._seen.values())
-
-    def bytes_by_region(self) -> dict[str, int]:
-        out = {name: 0 for name in [*self._regions, "other"]}
-        for region, n in self._seen.values():
-            out[region] += n
-        return out
-
-    def _pack(self, t: torch.Tensor) -> Any:
-        if t.device.type != "meta":
-            key = _storage_key(t)
-            if key not in self._exclude and key[1] != 0 and key not in self._seen:
-                self._seen[key] = (self._current, t.untyped_storage().nbytes())
-                self.count += 1
-        return t
-
-    @staticmethod
-    def _unpack(t: Any) -> Any:
-        return t
-
-    @contextmanager
-    def measure(self) -> Iterator["SavedTensorCounter"]:
-        handles = []
-        for name, mods in self._regions.items():
-            for m in mods:
-                handles.append(m.register_forward_pre_hook(lambda *_, n=name: self._enter(n)))
-                handles.append(m.register_forward_hook(lambda *_: self._enter("other")))
-        try:
-            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
-                yield self
-        finally:
-            for h in handles:
-                h.remove()
-            self._current = "other"
-
-    def _enter(self, name: str) -> None:
-        self._current = name
 
 
 def format_bytes(n: float | None) -> str:

@@ -25,6 +25,12 @@ from typing import Any
 
 import torch
 
+from agoq_core.laaq import SavedBytesMeter
+from agoq_core.planner import plan_for_pipeline
+from agoq_core.planner.apply import build_stage_modules, causal_lm_loss
+from agoq_core.planner.model import split_layers
+from agoq_core.planner.schedules import SCHEDULES, PipelineSpec
+from agoq_core.train.agoq_arm import check_recipe, laaq_policy, make_agoq_arm
 from agoq_core.train.arms import Arm, MasterWeights, make_optimizer
 from agoq_core.train.config import TrainConfig
 from agoq_core.train.runtime import Runtime
@@ -43,7 +49,6 @@ class PipelineArm(Arm):
         from torch.distributed.pipelining import PipelineStage
         from torch.distributed.pipelining import schedules as sched
 
-        from agoq_core.planner.schedules import SCHEDULES
 
         cfg, rt = self.cfg, self.rt
         self.stage_mods = stage_mods
@@ -65,7 +70,6 @@ class PipelineArm(Arm):
         self.owner_of: dict[int, int] = {}   # id(param) -> rank that trains it, filled by _share_owners
 
     def _loss_fn(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        from agoq_core.planner.apply import causal_lm_loss
 
         loss = causal_lm_loss(logits[:, :-1], target[:, 1:]) * self._loss_scale
         if self._sample is not None:  # the last stage also keeps the loss's own saved tensors
@@ -97,8 +101,6 @@ class PipelineArm(Arm):
     def measured_forward_backward(self, batch: torch.Tensor, *, scale: float, last: bool) -> tuple[float, dict]:
         """One schedule step under LAAQ's meter, sampled after every forward of this rank's stage(s):
         the largest sample is the stage's activation peak with the schedule's in-flight micro-batches."""
-        from agoq_core.laaq import SavedBytesMeter
-
         meter = SavedBytesMeter(self.model, label=self.name)
         peak = {"total": 0, "layers": 0, "first": None}
 
@@ -209,10 +211,6 @@ def _share_owners(arm: PipelineArm, model: torch.nn.Module, rt: Runtime) -> None
 def make_pipeline_arm(name: str, model: torch.nn.Module, rt: Runtime, cfg: TrainConfig) -> PipelineArm:
     import torch.distributed as dist
 
-    from agoq_core.planner.apply import build_stage_modules
-    from agoq_core.planner.model import split_layers
-    from agoq_core.planner.schedules import PipelineSpec
-
     spec = PipelineSpec(schedule=cfg.pp_schedule, stages=cfg.pp, microbatches=cfg.num_pp_microbatches)
     layers = split_layers(model.config.num_hidden_layers, spec)
     # QuanGrad reduces over data-parallel replicas of a stage: with one replica, a group of one rank.
@@ -220,14 +218,9 @@ def make_pipeline_arm(name: str, model: torch.nn.Module, rt: Runtime, cfg: Train
     singles = [dist.new_group([r]) for r in range(rt.world)]
     arm = PipelineArm(name=name, model=model, rt=rt, cfg=cfg)
     if name != "baseline":
-        from agoq_core.train.agoq_arm import check_recipe, laaq_policy, make_agoq_arm
-
         check_recipe(name, cfg)
-
         policy = laaq_policy(name)
         if name in _PLANNED:
-            from agoq_core.planner import plan_for_pipeline
-
             plan = plan_for_pipeline(model.config, stages=cfg.pp, microbatches=cfg.num_pp_microbatches,
                                      schedule=cfg.pp_schedule,
                                      microbatch_size=cfg.micro_batch // cfg.num_pp_microbatches,

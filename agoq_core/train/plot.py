@@ -26,13 +26,26 @@ def _ema(xs: list[float], alpha: float) -> list[float]:
     return out
 
 
-def plot_curves(records: Iterable[dict[str, Any]], out: str | Path, *, title: str = "") -> Path:
-    """Write a two-panel PNG: (left) loss vs tokens, (right) global gradient norm vs step."""
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")  # no display on servers; also keeps tests headless
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _save(fig: Any, out: str | Path) -> Path:
+    fig.tight_layout()
+    out = Path(out)
+    fig.savefig(out, dpi=110)
+    _pyplot().close(fig)
+    return out
+
+
+def plot_curves(records: Iterable[dict[str, Any]], out: str | Path, *, title: str = "") -> Path:
+    """Write a two-panel PNG: (left) loss vs tokens, (right) global gradient norm vs step."""
+    plt = _pyplot()
     steps: dict[str, list[dict[str, Any]]] = {}
     evals: dict[str, list[dict[str, Any]]] = {}
     for r in records:
@@ -66,21 +79,14 @@ def plot_curves(records: Iterable[dict[str, Any]], out: str | Path, *, title: st
     ax_g.legend(fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    out = Path(out)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(fig, out)
 
 
 def plot_val_gap(records: Iterable[dict[str, Any]], out: str | Path, *, title: str = "",
                  tolerance: float = 0.01) -> Path:
     """Write a PNG of each arm's held-out loss relative to the baseline's, (arm - base) / base, per
     evaluation, with the +-``tolerance`` band (the convergence criterion)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     evals: dict[str, dict[int, float]] = {}
     for r in records:
@@ -104,11 +110,7 @@ def plot_val_gap(records: Iterable[dict[str, Any]], out: str | Path, *, title: s
     ax.legend(fontsize=8)
     if title:
         ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    out = Path(out)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(fig, out)
 
 
 def main(argv: list[str] | None = None) -> None:

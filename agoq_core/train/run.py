@@ -17,11 +17,13 @@ from typing import Any
 import torch
 
 from agoq_core.errors import AgoqError
+from agoq_core.testing.dist import free_port
 from agoq_core.train.config import TrainConfig
 from agoq_core.train.data import load_corpus
+from agoq_core.train.extras import check_extras
 from agoq_core.train.loop import TRAIN_LOSS_WINDOW, ArmResult, train_arm
 from agoq_core.train.report import compare_arms, render_table
-from agoq_core.train.runtime import Runtime, free_port, init_runtime, resolve_device, shutdown, under_torchrun
+from agoq_core.train.runtime import Runtime, init_runtime, resolve_device, shutdown, under_torchrun
 
 __all__ = ["run", "TrainError", "VAL_LOSS_TOLERANCE"]
 
@@ -38,7 +40,9 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
 
     With ``nproc > 1`` (and no torchrun) it spawns the processes itself; under torchrun every rank calls
     this, and ranks other than 0 return a summary too (the same numbers; only rank 0 writes files).
+    Raises MissingExtraError first if a package the run needs is not installed.
     """
+    check_extras(cfg)
     if under_torchrun():
         world = int(os.environ["WORLD_SIZE"])
         if cfg.nproc not in (1, world):

@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 
+from agoq_core.testing.dist import free_port
 from agoq_core.train.config import ConfigError, TrainConfig
 
-__all__ = ["Runtime", "resolve_device", "init_runtime", "under_torchrun", "free_port", "shutdown"]
+__all__ = ["Runtime", "resolve_device", "init_runtime", "under_torchrun", "shutdown"]
 
 log = logging.getLogger("agoq.train")
 
@@ -51,11 +51,6 @@ class Runtime:
 def under_torchrun() -> bool:
     return all(v in os.environ for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:

@@ -61,3 +61,32 @@ def test_help_lists_subcommands():
     out = agoq("--help").stdout
     for cmd in ("backends", "formats", "conformance"):
         assert cmd in out
+
+
+def test_version_and_typed_marker(capsys):
+    import pathlib
+
+    import agoq_core
+    from agoq_core.cli.main import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"agoq {agoq_core.__version__}"
+    assert (pathlib.Path(agoq_core.__file__).parent / "py.typed").is_file()  # pyproject ships it
+
+
+def test_memory_uses_the_registry_and_rejects_bad_sizes(capsys):
+    from agoq_core.cli.main import main
+    from agoq_core.models import MODELS
+
+    assert main(["memory", "--preset", "tiny", "--layers", "1", "--seq", "16", "--dtype", "fp32", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["preset"] == "tiny" and set(d["plain"]["per_layer"]) == {"0"}
+    for argv, needle in ((["--layers", "0"], "ModelShape.layers must be an int >= 1, got 0"),
+                         (["--kv-heads", "3"], "heads (4) must be a multiple of kv_heads (3)")):
+        assert main(["memory", *argv]) == 2
+        assert needle in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse: the presets are the registry's names
+        main(["memory", "--preset", "gpt5"])
+    assert "llama2-13b" in capsys.readouterr().err and "llama2-13b" in MODELS

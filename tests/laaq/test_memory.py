@@ -93,9 +93,9 @@ def test_nothing_else_stays_alive_after_forward(policy):
     params = {p.untyped_storage()._cdata for p in model.parameters()}  # e.g. born again as W.t() views
     alive = {k: n for k, (ref, n) in births.refs.items() if not ref.expired() and k not in params}
     alive.pop(loss.untyped_storage()._cdata, None)
-    accounted = {k for k, (_, _, _, ref) in meter._entries.items() if not ref.expired()}
+    accounted = {k for k, (ref, _, _) in meter._ledger.entries.items() if not ref.expired()}
     assert set(alive) - accounted == set(), f"alive but not accounted: {sorted(alive[k] for k in set(alive) - accounted)}"
-    born_before = sum(n for k, (_, _, n, ref) in meter._entries.items() if not ref.expired() and k not in births.refs)
+    born_before = sum(n for k, (ref, n, _) in meter._ledger.entries.items() if not ref.expired() and k not in births.refs)
     assert born_before == ids.numel() * 8  # the embedding keeps input_ids, made before forward
     assert sum(alive.values()) == meter.result().total - born_before
     loss.backward()

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.dist
 
 
 def _plan(schedule, S, m, **kw):
-    return plan_for_pipeline("tiny", S, m, schedule, activations="measured", measure_device="cpu",
+    return plan_for_pipeline("tiny-8l", S, m, schedule, activations="measured", measure_device="cpu",
                              dtype="float32", seq_len=64, microbatch_size=2, **kw)
 
 

@@ -159,15 +159,15 @@ def test_budget_is_never_exceeded_and_granularity_is_nested(fid, schedule, S, m,
 def test_device_budget_counts_static_memory_and_suggests_what_fits(fid):
     kw = dict(activations="formula", fidelity=fid, seq_len=2048)
     with pytest.raises(BudgetError) as ei:
-        plan_for_pipeline("llama2-7b", 4, 8, "interleaved-1f1b", budget=10 * 2**30, **kw)
+        plan_for_pipeline("llama2-7b", 4, 8, "interleaved-1f1b", budget_bytes=10 * 2**30, **kw)
     msg = str(ei.value)
     assert "Smallest budget that fits every stage" in msg and "weights, gradients and optimizer" in msg
     fit = int(re.search(r"fits every stage: ([\d,]+)", msg).group(1).replace(",", ""))
-    plan = plan_for_pipeline("llama2-7b", 4, 8, "interleaved-1f1b", budget=fit, **kw)  # the advice works
+    plan = plan_for_pipeline("llama2-7b", 4, 8, "interleaved-1f1b", budget_bytes=fit, **kw)  # the advice works
     assert max(s.device_peak for s in plan.stages) <= fit
     with pytest.raises(BudgetError):
-        plan_for_pipeline("llama2-7b", 4, 8, "interleaved-1f1b", budget=fit - 1, **kw)
-    big = plan_for_pipeline("llama2-7b", 4, 8, "interleaved-1f1b", budget=200 * 2**30, **kw)
+        plan_for_pipeline("llama2-7b", 4, 8, "interleaved-1f1b", budget_bytes=fit - 1, **kw)
+    big = plan_for_pipeline("llama2-7b", 4, 8, "interleaved-1f1b", budget_bytes=200 * 2**30, **kw)
     assert all(set(s.formats.values()) == {"int8"} for s in big.stages)
     assert all(s.binding.startswith("not binding") for s in big.stages)
 

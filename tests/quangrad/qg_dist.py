@@ -8,18 +8,13 @@ from __future__ import annotations
 import datetime
 import os
 import pickle
-import socket
 import tempfile
 import traceback
 from typing import Any, Callable
 
 import torch.multiprocessing as mp
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from agoq_core.testing.dist import free_port
 
 
 def _entry(rank: int, fn: Callable, world: int, port: int, outdir: str, args: tuple, threads: int) -> None:

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from agoq_core.backend.reference import ReferenceBackend
+from agoq_core.testing.inputs import gradient_like  # noqa: F401  (used by the workers and tests)
 
 FMTS = ("fp8_e4m3", "fp8_e5m2", "int8")
 # Sizes that do and do not divide world x block (block 256): 1 element, a ragged block, one exact
@@ -24,19 +25,6 @@ def rank_input(seed: int, rank: int, n: int, dtype: torch.dtype = torch.float32)
     mag = 10.0 ** (torch.rand(-(-n // 97), generator=g) * 4 - 3)
     x = torch.randn(n, generator=g) * mag.repeat_interleave(97)[:n]
     return x.to(dtype)
-
-
-def gradient_like(seed: int, rank: int, n_segments: int = 24, seg: int = 4096) -> torch.Tensor:
-    """Gradient-like data for the error table: per-"layer" magnitudes spread over 4 decades, a shared
-    signal plus rank-specific noise, heavy-tailed (Student-t, 3 degrees of freedom)."""
-    g_common = torch.Generator().manual_seed(seed)
-    g_rank = torch.Generator().manual_seed(seed * 7919 + rank + 1)
-    scales = 10.0 ** (torch.rand(n_segments, generator=g_common) * 4 - 5)
-    common = torch.randn(n_segments * seg, generator=g_common)
-    chi = torch.distributions.Chi2(3.0)
-    torch.manual_seed(seed * 31 + rank)
-    t3 = torch.randn(n_segments * seg, generator=g_rank) / torch.sqrt(chi.sample((n_segments * seg,)) / 3.0)
-    return (0.5 * common + t3) * scales.repeat_interleave(seg)
 
 
 class RecordingBackend(ReferenceBackend):

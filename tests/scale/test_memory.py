@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from agoq_core.planner import PlanConfig, StaticMemoryConfig, plan_for_pipeline
+from agoq_core.planner import StaticMemoryConfig, plan_for_pipeline
 from agoq_core.planner.memory import static_bytes
 from agoq_core.planner.model import model_shape
 from agoq_core.planner.schedules import PipelineSpec
@@ -20,9 +20,8 @@ def test_agoq_memory_is_the_planners(schedule, stages, mb):
     spec = PipelineSpec(schedule=schedule, stages=stages, microbatches=mb)
     static = StaticMemoryConfig(grads="quangrad", optimizer="adam8bit")
     m = agoq_memory(shape, spec, tokens=4096, seq=4096, microbatch_size=1, tp=1, dp=1, usable_bytes=BIG)
-    plan = plan_for_pipeline("llama2-7b", config=PlanConfig(
-        schedule=schedule, stages=stages, microbatches=mb, seq_len=4096, candidates=AGOQ_CANDIDATES,
-        activations="formula", pipeline_buffers=False, static=static))
+    plan = plan_for_pipeline("llama2-7b", stages, mb, schedule, seq_len=4096, candidates=AGOQ_CANDIDATES,
+                             activations="formula", pipeline_buffers=False, static=static)
     for s, ps in zip(m.stages, plan.stages):
         assert s.activation_peak == ps.activation_peak
         assert s.formats == dict(ps.formats)

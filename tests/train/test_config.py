@@ -54,7 +54,8 @@ def test_flags_override_the_config_file(tmp_path):
 
 
 @pytest.mark.parametrize("values,needle", [
-    ({"model": "huge"}, "unknown model size 'huge'; choose one of ['llama-1b', 'llama2-7b', 'small', 'tiny']"),
+    ({"model": "huge"}, "unknown model size 'huge'; choose one of ['llama-1b', 'llama2-13b', 'llama2-7b', "
+                        "'llama3-8b', 'micro', 'small', 'tiny', 'tiny-8l']"),
     ({"nproc": 0}, "nproc must be a positive integer, got 0"),
     ({"nproc": -2}, "nproc must be a positive integer"),
     ({"nproc": 2.0}, "nproc must be a positive integer"),
@@ -97,6 +98,38 @@ def test_bad_config_files(tmp_path):
 
 
 def test_every_ablation_has_a_recipe():
-    from agoq_core.train.agoq_arm import RECIPES
+    from agoq_core.train.recipes import RECIPES
 
-    assert set(ABLATIONS) | {"agoq"} == set(RECIPES)
+    assert set(ABLATIONS) | {"baseline", "agoq"} == set(RECIPES)
+
+
+def test_derived_warmup_follows_the_merged_steps(tmp_path):
+    # issue 15: warm-up is 10% of the final step count, whichever source set it
+    f = tmp_path / "c.json"
+    f.write_text(json.dumps({"model": "tiny"}))
+    assert resolve(_parse(["--config", str(f), "--steps", "1000"])).warmup_steps == 100
+    cfg = resolve(_parse(["--config", str(f), "--steps", "5"]))
+    assert (cfg.steps, cfg.warmup_steps) == (5, 0)
+    # an explicit warm-up (file or flag) is kept; replace() re-derives only a derived one
+    f.write_text(json.dumps({"model": "tiny", "warmup_steps": 7}))
+    assert resolve(_parse(["--config", str(f), "--steps", "1000"])).warmup_steps == 7
+    assert TrainConfig(steps=50).replace(steps=1000).warmup_steps == 100
+    assert TrainConfig(steps=50, warmup_steps=3).replace(steps=1000).warmup_steps == 3
+
+
+def test_flags_are_generated_from_the_config_fields():
+    # every TrainConfig field but the baseline's fixed optimizer has a flag, named after the field
+    p = argparse.ArgumentParser()
+    register(p)
+    dests = {a.dest: a for a in p._actions}
+    import dataclasses
+
+    for f in dataclasses.fields(TrainConfig):
+        if f.name == "optimizer":
+            assert f.name not in dests
+            continue
+        a = dests[f.name]
+        assert a.help and a.default == argparse.SUPPRESS
+    assert dests["plot"].option_strings == ["--no-plot"] and dests["ablations"].option_strings == ["--ablation"]
+    assert dests["seq_len"].option_strings == ["--seq-len"] and dests["seq_len"].type is int
+    assert dests["lr"].type is float and dests["warmup_steps"].type is int

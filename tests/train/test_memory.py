@@ -3,31 +3,34 @@ from __future__ import annotations
 
 import torch
 
-from agoq_core.train.memory import (SavedTensorCounter, format_bytes, grad_bytes, optimizer_state_bytes,
-                                    storage_bytes)
+from agoq_core.laaq import SavedBytesMeter
+from agoq_core.train.memory import format_bytes, grad_bytes, optimizer_state_bytes, storage_bytes
 
 
-def test_counter_sees_what_autograd_saves_without_parameters():
+def test_meter_sees_what_autograd_saves_without_parameters():
+    # agoq train measures every arm's activations with LAAQ's meter; on a plain module it all lands in "other"
     torch.manual_seed(0)
     lin = torch.nn.Linear(24, 40, bias=False)
     x = torch.randn(3, 7, 24, requires_grad=False)
-    c = SavedTensorCounter(exclude=list(lin.parameters()))
-    with c.measure():
+    with SavedBytesMeter(lin) as meter:
         y = torch.relu(lin(x))       # linear saves x (and its weight, excluded); relu saves its output
     # x: 3*7*24 fp32, relu output: 3*7*40 fp32
-    assert c.bytes == 4 * (3 * 7 * 24 + 3 * 7 * 40)
+    assert meter.result().total == 4 * (3 * 7 * 24 + 3 * 7 * 40)
     y.sum().backward()
 
 
-def test_counter_counts_a_storage_once_and_attributes_regions():
+def test_meter_counts_a_storage_once_and_only_while_alive():
     a = torch.nn.Linear(16, 16, bias=False)
     b = torch.nn.Linear(16, 16, bias=False)
+    model = torch.nn.Sequential(a, b)
     x = torch.randn(5, 16, requires_grad=True)
-    c = SavedTensorCounter(exclude=[a.weight, b.weight], regions={"first": [a]})
-    with c.measure():
-        h = a(x)                     # saves x -> region "first"
-        y = b(h) + b(h)              # saves h twice (one storage) -> "other"
-    assert c.bytes_by_region() == {"first": 5 * 16 * 4, "other": 5 * 16 * 4}
+    with SavedBytesMeter(model) as meter:
+        h = a(x)                     # saves x
+        y = b(h) + b(h)              # saves h twice (one storage)
+        z = torch.sin(a(x))          # saves its input (new) and x (seen); freed below with its graph
+    assert meter.result().total == 5 * 16 * 4 * 3
+    del z
+    assert meter.result().total == 5 * 16 * 4 * 2
     y.sum().backward()
 
 

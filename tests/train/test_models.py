@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from agoq_core.train.models import MODEL_SIZES, build_model, count_parameters
+from agoq_core.models import MODELS
+from agoq_core.train.models import build_model, count_parameters
 
 
 def _expected_params(s, vocab: int) -> int:
@@ -17,8 +18,8 @@ def _expected_params(s, vocab: int) -> int:
 
 
 def test_every_size_builds_with_the_documented_shape():
-    for name, shape in MODEL_SIZES.items():
-        dev = "cpu" if name == "tiny" else "meta"  # the big ones: shapes only, no memory
+    for name, shape in MODELS.items():
+        dev = "cpu" if name in ("tiny", "micro") else "meta"  # the big ones: shapes only, no memory
         m = build_model(name, vocab_size=4096, seq_len=64, seed=0, device=dev)
         assert type(m).__name__ == "LlamaForCausalLM"
         assert m.config.num_hidden_layers == shape.layers and m.config.hidden_size == shape.hidden

@@ -82,13 +82,13 @@ def test_gradient_accumulation_matches_one_big_micro_batch(tmp_path):
     assert acc["tokens_per_step"] == big["tokens_per_step"]
 
 
-def test_unavailable_component_is_reported_not_replaced(tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "agoq_core.laaq", None)   # import agoq_core.laaq -> ImportError
+def test_an_arm_that_cannot_mean_anything_is_reported_not_replaced(tmp_path, capsys):
+    # one process: the naive FP8 all-reduce has nothing to reduce, so it would be the agoq arm again
     rc = main(["train", "--steps", "1", "--seq-len", "32", "--eval-tokens", "64", "--no-progress", "--no-plot",
-               "--out-dir", str(tmp_path), "--run-name", "u"])
+               "--no-agoq", "--ablation", "naive-fp8-allreduce", "--out-dir", str(tmp_path), "--run-name", "u"])
     out = capsys.readouterr().out
     assert rc == 0
-    assert "agoq: unavailable: LAAQ (activation quantization) is not available" in out
+    assert "naive-fp8-allreduce: unavailable: the naive FP8 all-reduce differs from QuanGrad's only" in out
     s = json.loads((tmp_path / "u" / "summary.json").read_text())
     assert [a["status"] for a in s["arms"]] == ["ok", "unavailable"]
 

@@ -5,21 +5,16 @@ an NPU takes over HCCL (which cannot reduce uint8/fp8 either, hence all-to-all +
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from agoq_core.testing.dist import free_port
+
 WORLD = 2
 _BLOCKS_PER_RANK = 3
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _grad(rank: int, n: int) -> torch.Tensor:
@@ -84,7 +79,7 @@ def test_quangrad_protocol_over_a_real_process_group():
         pytest.skip("needs TRITON_INTERPRET=1 (CPU interpreter)")
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, port, queue)) for r in range(WORLD)]
     for p in procs:
         p.start()

@@ -4,21 +4,15 @@ all-to-all of 8-bit chunks -> fused reduce-requantize -> all-gather), compared w
 Interpreter mode uses gloo on CPU; on a GPU machine it needs one GPU per rank (NCCL)."""
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from agoq_core.testing.dist import free_port
+
 WORLD = 2
 _N_PER_RANK = 3  # blocks of the gradient each rank reduces
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _grad(rank: int, n: int) -> torch.Tensor:
@@ -91,7 +85,7 @@ def test_quangrad_all_reduce_protocol_on_a_process_group(backend):
         pytest.skip(f"needs {WORLD} GPUs for NCCL")
     ctx = mp.get_context("spawn")
     errors = ctx.SimpleQueue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, port, ("fp8_e4m3", "int5"), errors)) for r in range(WORLD)]
     for p in procs:
         p.start()

@@ -1,0 +1,76 @@
+"""What every ``benchmarks/bench_*.py`` shares: the ``--json`` option and where the JSON goes, the
+environment record that goes with every number (date, command, host, versions, device), and the model
+shapes (agoq_core.models, the one registry).
+
+A script imports it from beside itself (it may be run as ``python benchmarks/bench_x.py`` or loaded
+by path from a test)::
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import harness
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+from agoq_core.models import get_model_shape
+from agoq_core.testing.dist import free_port
+
+__all__ = ["add_json_arg", "json_path", "write_json", "environment", "hf_config", "free_port"]
+
+
+def add_json_arg(ap: argparse.ArgumentParser, name: str) -> None:
+    """``--json PATH``: where the report goes (default ``$OUT/<name>.json`` when $OUT is set)."""
+    ap.add_argument("--json", default=None, help=f"write the JSON here (default $OUT/{name}.json if $OUT is set)")
+
+
+def json_path(arg: str | None, name: str) -> str | None:
+    """``--json``'s value, else ``$OUT/<name>.json`` (the GPU machine's output folder), else None."""
+    if arg:
+        return arg
+    return os.path.join(os.environ["OUT"], f"{name}.json") if os.environ.get("OUT") else None
+
+
+def write_json(report: Any, arg: str | None, name: str, *, indent: int = 1) -> str | None:
+    """Write ``report`` where :func:`json_path` says (creating the folder); returns the path or None."""
+    path = json_path(arg, name)
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(report, indent=indent, default=str))
+        print(f"wrote {path}")
+    return path
+
+
+def environment(device: Any = None, **extra: Any) -> dict[str, Any]:
+    """Date (UTC), command, host, Python / torch (and triton / transformers when the script loaded
+    them) versions, and the device: its name, and for CUDA the SM count and memory."""
+    import torch
+
+    env: dict[str, Any] = {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "host": platform.node(), "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+        "python": platform.python_version(), "torch": torch.__version__,
+    }
+    for mod in ("triton", "transformers"):  # only what the script itself imported: no import side effects
+        if mod in sys.modules:
+            env[mod] = getattr(sys.modules[mod], "__version__", None)
+    if device is not None:
+        dev = torch.device(device)
+        env["device"] = str(dev)
+        if dev.type == "cuda":
+            p = torch.cuda.get_device_properties(dev)
+            env.update(gpu=p.name, sms=p.multi_processor_count, memory_gib=round(p.total_memory / 2**30, 1))
+    env.update(extra)
+    return env
+
+
+def hf_config(name: str, **overrides: Any) -> Any:
+    """The transformers config of registry shape ``name`` (agoq_core.models) with ``overrides``."""
+    return get_model_shape(name).to_hf_config(**overrides)
