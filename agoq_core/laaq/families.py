@@ -1,7 +1,9 @@
 """Model families LAAQ converts: one table row per family, naming classes and submodules.
 
-A row says which decoder-layer classes belong to the family (matched by class name, so importing
-this module imports no transformers) and where the pieces sit inside a layer. Families whose
+A row says which decoder-layer classes belong to the family and where the pieces sit inside a layer.
+Classes are matched by name anywhere in the layer's class hierarchy (MRO), so importing this module
+imports no transformers, and wrapped layers still match: FSDP2's ``fully_shard`` turns a
+``LlamaDecoderLayer`` into an ``FSDPLlamaDecoderLayer`` subclass. Families whose
 layers look like LLaMA's — pre-norm, q/k/v/o projections, a gated MLP ``down(act(gate(x)) * up(x))``
 — need only a row. Add your own with :func:`register_family` or ``apply(..., families=[...])``.
 """
@@ -9,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LayerFamily", "register_family", "families", "FAMILIES"]
+from typing import Any, Iterable
+
+__all__ = ["LayerFamily", "register_family", "families", "FAMILIES", "match_family", "unwrap_model"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,14 +33,22 @@ class LayerFamily:
     v_proj: str = "v_proj"
     o_proj: str = "o_proj"
     """Relative to ``attention``."""
+    qkv: tuple[str, ...] | None = None
+    """The linears reading ``input_norm``'s output, relative to ``attention`` (default: q, k, v;
+    Phi3: ``("qkv_proj",)``)."""
+    extra_norms: tuple[str, ...] = ()
+    """Norms whose output feeds no GEMM (Gemma2/3's post-attention and post-feedforward norms, applied
+    to a sublayer's output before the residual add): converted to keep only their input."""
     mlp: str = "mlp"
     gate_proj: str = "gate_proj"
     up_proj: str = "up_proj"
     down_proj: str = "down_proj"
     act_fn: str = "act_fn"
-    """Relative to ``mlp``: ``mlp(x) == down(act(gate(x)) * up(x))``. ``act_fn="silu"`` with no such
-    attribute means the MLP calls torch.nn.functional.silu inline (torchtitan's FeedForward). A fused
-    q/k/v projection is named by giving q_proj, k_proj and v_proj the same path."""
+    """Relative to ``mlp``: ``mlp(x) == down(act(gate(x)) * up(x))``. ``mlp=""``: the MLP is not
+    converted (``mlp_note`` says why, e.g. mixture-of-experts blocks) and ``post_norm`` stays plain."""
+    mlp_note: str = ""
+    unsupported: str = ""
+    """Non-empty: the family is known and refused, with this reason (``apply`` raises)."""
     layer_index_attr: str = "layer_idx"
     """Attribute of ``attention`` holding the global layer index (else: order in the model)."""
     final_norm: tuple[str, ...] = ("model.norm", "norm")
@@ -47,6 +59,12 @@ class LayerFamily:
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.layer_classes, tuple) or not self.layer_classes:
             raise ValueError(f"LayerFamily {self.name!r}: layer_classes must be a non-empty tuple of class names")
+        if self.qkv is not None and (not isinstance(self.qkv, tuple) or not self.qkv):
+            raise ValueError(f"LayerFamily {self.name!r}: qkv must be a non-empty tuple of names, got {self.qkv!r}")
+
+    @property
+    def attn_in(self) -> tuple[str, ...]:
+        return self.qkv if self.qkv is not None else (self.q_proj, self.k_proj, self.v_proj)
 
 
 # HF transformers 5.x (checked on 5.17 and 5.24): all four share LLaMA's layer layout. Qwen2 adds
@@ -77,3 +95,31 @@ def register_family(family: LayerFamily, *, replace: bool = False) -> None:
 
 def families() -> list[LayerFamily]:
     return list(FAMILIES.values())
+
+
+def match_family(module: Any, rows: Iterable[LayerFamily] | None = None) -> LayerFamily | None:
+    """The row whose layer class is ``type(module)`` or one of its bases (nearest first)."""
+    rows = list(FAMILIES.values()) if rows is None else list(rows)
+    by_class = {c: r for r in rows for c in r.layer_classes}
+    for cls in type(module).__mro__:
+        row = by_class.get(cls.__name__)
+        if row is not None:
+            return row
+    return None
+
+
+def unwrap_model(m: Any) -> Any:
+    """One wrapper level down: DDP/FSDP1 ``.module``, torch.compile's ``._orig_mod``, PEFT's
+    ``get_base_model()``; ``m`` itself when it wraps nothing (FSDP2 wraps in place)."""
+    inner = getattr(m, "_orig_mod", None)
+    if inner is not None:
+        return inner
+    get_base = getattr(type(m), "get_base_model", None)
+    if callable(get_base):
+        inner = m.get_base_model()
+        if inner is not None and inner is not m:
+            return inner
+    names = {c.__name__ for c in type(m).__mro__}
+    if names & {"DistributedDataParallel", "FullyShardedDataParallel", "DataParallel"}:
+        return m.module
+    return m

@@ -26,7 +26,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from agoq_core.laaq import storage
 from agoq_core.laaq.config import LAAQConfig
-from agoq_core.laaq.families import FAMILIES, LayerFamily
+from agoq_core.laaq.families import FAMILIES, LayerFamily, match_family
 
 __all__ = ["PARTS", "SavedBytes", "SavedBytesMeter", "measure_saved_bytes", "flash_layout_sdpa"]
 
@@ -111,6 +111,7 @@ class SavedBytesMeter:
         self.label = label
         rows = list(families) if families is not None else list(FAMILIES.values())
         self._by_class = {c: r for r in rows for c in r.layer_classes}
+        self._rows = rows
         self._entries: dict[int, tuple[int | None, str, int, StorageWeakRef]] = {}
         self._scope: list[tuple[int | None, str]] = []
         self._handles: list[Any] = []
@@ -135,7 +136,7 @@ class SavedBytesMeter:
         last_row = None
         order = 0
         for _, m in self.model.named_modules():
-            row = self._by_class.get(type(m).__name__)
+            row = match_family(m, self._rows)  # by class hierarchy (FSDP2 subclasses)
             if row is None:
                 continue
             last_row = row
