@@ -94,8 +94,9 @@ class LAAQReport:
         for m in reversed(self._modules):
             _unpatch(m)
         self._modules.clear()
-        if self._owner is not None and self._owner.__dict__.get(_REPORT_ATTR) is self:
-            del self._owner.__dict__[_REPORT_ATTR]
+        for owner in (self._owner or ()):
+            if owner.__dict__.get(_REPORT_ATTR) is self:
+                del owner.__dict__[_REPORT_ATTR]
         self._owner = None
 
     def to_dict(self) -> dict:
@@ -494,8 +495,9 @@ def apply(model: nn.Module, config: LAAQConfig | None = None, *,
     except BaseException:
         report.undo()
         raise
-    report._owner = model
-    model.__dict__[_REPORT_ATTR] = report
+    report._owner = [model] if core is model else [model, core]  # remove() works from either (PEFT's
+    for owner in report._owner:                                     # merge_and_unload returns the core)
+        owner.__dict__[_REPORT_ATTR] = report
     log.info("%s", report)
     return report
 
@@ -527,7 +529,7 @@ def remove(model: nn.Module) -> None:
         holder = owners[0] if owners else None
     if holder is None:
         raise AgoqError(f"LAAQ is not applied to this {type(model).__name__}")
-    holder.__dict__.pop(_REPORT_ATTR).undo()
+    holder.__dict__[_REPORT_ATTR].undo()
 
 
 # ---- single modules, for people with their own model code -------------------------------------------

@@ -157,10 +157,15 @@ def unpack_mask(packed: tuple[torch.Tensor, torch.Size]) -> torch.Tensor:
 
 def _dropout_scale(drop: Callable, x: torch.Tensor) -> tuple[torch.Tensor, tuple]:
     """The multiplier dropout applies to ``x`` (mask / (1 - p)) from one call on ones: the same RNG
-    draws as ``drop(x)``, and ``x * m`` is the product torch's CPU dropout computes."""
+    draws as ``drop(x)``, and ``x * m`` is the product torch's CPU dropout computes. The kept bits are
+    announced to the memory meters like every other kept tensor."""
+    from agoq_core.laaq import storage
+
     with torch.no_grad():
         m = drop(torch.ones_like(x))
-    return m, pack_mask(m != 0)
+    packed = pack_mask(m != 0)
+    storage.record(packed[0], role="lora_dropout_mask", layer=None)
+    return m, packed
 
 
 def _mask_from(packed: tuple, drop: Callable, dtype: torch.dtype) -> torch.Tensor:
@@ -217,7 +222,7 @@ def adapter_backward(grad_out: torch.Tensor, x: torch.Tensor, meta: LinearMeta,
             leaves = [t.detach().requires_grad_(w) for t, w in zip((wa, wb, bb)[:len(want)], want)]
             xa = xr.to(a.cast) if a.cast is not None and xr.dtype != a.cast else xr
             if packed is not None:
-                xa = xa * _mask_from(packed, a.dropout, xa.dtype)
+                xa = xa * _mask_from(packed, a.dropout, xa.dtype).reshape(xa.shape)
             out = F.linear(F.linear(xa, leaves[0]), leaves[1], leaves[2] if a.has_bias else None) * a.scaling
             inputs = ([xr] if need_x else []) + [t for t, w in zip(leaves, want) if w]
             got = list(torch.autograd.grad(out, inputs, grad_out.to(out.dtype)))
