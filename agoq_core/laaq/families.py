@@ -46,6 +46,9 @@ class LayerFamily:
     act_fn: str = "act_fn"
     """Relative to ``mlp``: ``mlp(x) == down(act(gate(x)) * up(x))``. ``mlp=""``: the MLP is not
     converted (``mlp_note`` says why, e.g. mixture-of-experts blocks) and ``post_norm`` stays plain."""
+    gate_up_proj: str = ""
+    """Relative to ``mlp``: one projection whose output halves are gate and up (Phi3:
+    ``gate, up = gate_up_proj(x).chunk(2, dim=-1)``); then ``gate_proj``/``up_proj`` are unused."""
     mlp_note: str = ""
     unsupported: str = ""
     """Non-empty: the family is known and refused, with this reason (``apply`` raises)."""
@@ -67,15 +70,33 @@ class LayerFamily:
         return self.qkv if self.qkv is not None else (self.q_proj, self.k_proj, self.v_proj)
 
 
-# HF transformers 5.x (checked on 5.17 and 5.24): all four share LLaMA's layer layout. Qwen2 adds
-# q/k/v biases; Qwen3 adds q_norm/k_norm on the heads (part of the attention core here); Mistral
-# differs only in its attention mask (sliding window), which LAAQ does not touch.
+_MOE = ("mixture-of-experts block: the experts' grouped GEMMs (transformers 5 keeps them as 3-D parameters) "
+        "keep their own inputs; LAAQ converts the attention half of the layer and leaves post_norm + MLP plain")
+
+# HF transformers 5.x (checked on 5.17 and 5.24). Llama, Mistral, Qwen2, Qwen3 and Gemma share LLaMA's
+# layer layout: Qwen2 adds q/k/v biases; Qwen3 (and Gemma3) q_norm/k_norm on the heads (part of the
+# attention core here); Mistral differs only in its attention mask; Gemma in its norm (1 + w) and GELU.
+# Gemma2/3 normalise each sublayer's output too: the MLP reads pre_feedforward_layernorm, and
+# post_attention_layernorm / post_feedforward_layernorm feed only the residual add (a row mapping
+# post_norm to post_attention_layernorm is caught at the first forward). Phi3 fuses q/k/v and gate/up.
 FAMILIES: dict[str, LayerFamily] = {
     f.name: f for f in (
         LayerFamily(name="llama", layer_classes=("LlamaDecoderLayer",)),
         LayerFamily(name="mistral", layer_classes=("MistralDecoderLayer",)),
         LayerFamily(name="qwen2", layer_classes=("Qwen2DecoderLayer",)),
         LayerFamily(name="qwen3", layer_classes=("Qwen3DecoderLayer",)),
+        LayerFamily(name="gemma", layer_classes=("GemmaDecoderLayer",)),
+        LayerFamily(name="gemma2", layer_classes=("Gemma2DecoderLayer", "Gemma3DecoderLayer"),
+                    post_norm="pre_feedforward_layernorm",
+                    extra_norms=("post_attention_layernorm", "post_feedforward_layernorm")),
+        LayerFamily(name="phi3", layer_classes=("Phi3DecoderLayer",), qkv=("qkv_proj",), gate_up_proj="gate_up_proj",
+                    act_fn="activation_fn"),
+        LayerFamily(name="mixtral", layer_classes=("MixtralDecoderLayer",), mlp="", mlp_note=_MOE),
+        LayerFamily(name="qwen_moe", layer_classes=("Qwen2MoeDecoderLayer", "Qwen3MoeDecoderLayer"), mlp="",
+                    mlp_note=_MOE),
+        LayerFamily(name="gpt2", layer_classes=("GPT2Block",), unsupported=(
+            "GPT-2 blocks use Conv1D projections (transposed weights), a fused c_attn and a non-gated GELU MLP; LAAQ's "
+            "roles (nn.Linear projections, gated MLP down(act(gate(x)) * up(x))) do not apply")),
     )
 }
 

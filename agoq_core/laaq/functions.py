@@ -361,32 +361,43 @@ class SwiGLUFunction(torch.autograd.Function):
 
     ``x`` is rebuilt from ``src`` (a converted norm) when given, else kept in ``x_spec``
     (role linear_input). ``act`` is the model's own activation module, re-run under autograd in
-    backward so its derivative is exactly PyTorch's. gate/up/down are linears (``metas``: nn.Linear or
-    LoRA wrappers; their tensors follow, in that order). Backward runs over chunks of tokens
-    (BACKWARD_CHUNK_ELEMS; one chunk when adapters are present); weight gradients of several chunks
-    are summed in fp32.
+    backward so its derivative is exactly PyTorch's. The projections are linears (``metas``: nn.Linear
+    or LoRA wrappers, their tensors following in order): (gate, up, down), or (gate_up, down) for a
+    fused projection whose output halves are gate and up (Phi3: ``gate, up = gate_up(x).chunk(2)``).
+    Backward runs over chunks of tokens (BACKWARD_CHUNK_ELEMS; one chunk when adapters are present);
+    weight gradients of several chunks are summed in fp32.
     """
 
     @staticmethod
     def forward(ctx, x, src: NormSource | None, view, act: Callable, act_spec: FormatSpec | None,
-                x_spec: FormatSpec | None, layer: int | None, backend: str | None,
-                metas: tuple[LinearMeta, LinearMeta, LinearMeta], *tensors):
-        tg, tu, td = _split(metas, tensors)
-        kept, masks = [], []
-        outs = []
-        for meta, t in ((metas[0], tg), (metas[1], tu)):
-            if not meta.adapters:
-                y, k = fusion.linear_and_quantize(x, t[0], t[1], act_spec, role="mlp_act_input", layer=layer,
-                                                  backend=backend)
-                masks.append([])
-            else:
-                y, m = adapter_forward(x, F.linear(x, t[0], t[1]), meta, t)
-                k = storage.store(y, act_spec, role="mlp_act_input", layer=layer, backend=backend)
-                masks.append(m)
-            outs.append(y)
-            kept.append(k)
-        g, u = outs
-        del outs
+                x_spec: FormatSpec | None, layer: int | None, backend: str | None, metas: tuple[LinearMeta, ...],
+                *tensors):
+        parts = _split(metas, tensors)
+        ins, td = list(zip(metas[:-1], parts[:-1])), parts[-1]
+        masks = []
+        if len(ins) == 2:  # separate gate and up projections
+            kept, outs = [], []
+            for meta, t in ins:
+                if not meta.adapters:
+                    y, k = fusion.linear_and_quantize(x, t[0], t[1], act_spec, role="mlp_act_input", layer=layer,
+                                                      backend=backend)
+                    masks.append([])
+                else:
+                    y, m = adapter_forward(x, F.linear(x, t[0], t[1]), meta, t)
+                    k = storage.store(y, act_spec, role="mlp_act_input", layer=layer, backend=backend)
+                    masks.append(m)
+                outs.append(y)
+                kept.append(k)
+            g, u = outs
+            del outs
+        else:  # one gate_up projection, as the model computes it, then its two halves
+            meta, t = ins[0]
+            y, m = adapter_forward(x, F.linear(x, t[0], t[1]), meta, t)
+            masks.append(m)
+            g, u = y.chunk(2, dim=-1)
+            del y
+            kept = [storage.store(g, act_spec, role="mlp_act_input", layer=layer, backend=backend),
+                    storage.store(u, act_spec, role="mlp_act_input", layer=layer, backend=backend)]
         ctx.g, ctx.u = kept
         h = act(g)
         del g
@@ -394,17 +405,18 @@ class SwiGLUFunction(torch.autograd.Function):
         h = h.mul_(u) if (h.data_ptr() != u.data_ptr() and not h._is_view()) else h * u
         del u
         out = F.linear(h, td[0], td[1])
-        out, md = adapter_forward(h, out, metas[2], td)
+        out, md = adapter_forward(h, out, metas[-1], td)
         masks.append(md)
         del h
         if src is not None:
             src.add_consumer()
             ctx.x = None
         else:
-            n, ng = ctx.needs_input_grad, metas[0].n_tensors
-            ad = bool(metas[0].adapters or metas[1].adapters)
-            needs_x = (n[_NS] or n[_NS + ng]  # the gate/up weights (not their biases alone)
-                       or (ad and (n[0] or any(n[_NS + 2:_NS + ng]) or any(n[_NS + ng + 2:_NS + ng + metas[1].n_tensors]))))
+            n, off = ctx.needs_input_grad, _NS
+            needs_x = False
+            for meta, _ in ins:  # a weight of gate/up (not a bias alone), or adapters needing x
+                needs_x = needs_x or n[off] or (bool(meta.adapters) and (n[0] or any(n[off + 2:off + meta.n_tensors])))
+                off += meta.n_tensors
             ctx.x = storage.store(x, x_spec, role="linear_input", layer=layer, backend=backend) if needs_x else None
         ctx.src, ctx.view, ctx.act, ctx.backend, ctx.metas, ctx.masks = src, view, act, backend, metas, masks
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
@@ -426,21 +438,28 @@ class SwiGLUFunction(torch.autograd.Function):
     def _backward(ctx, grad_out):
         metas = ctx.metas
         tensors = ctx.saved_tensors
-        tg, tu, td = _split(metas, tensors)
-        ng, nu = metas[0].n_tensors, metas[1].n_tensors
+        parts = _split(metas, tensors)
         need = ctx.needs_input_grad
-        ng_, nu_, nd_ = need[_NS:_NS + ng], need[_NS + ng:_NS + ng + nu], need[_NS + ng + nu:]
-        w_gate, w_up, w_down = tg[0], tu[0], td[0]
+        offs, o = [], 0
+        for m in metas:
+            offs.append(o)
+            o += m.n_tensors
+        needs = [need[_NS + a:_NS + a + m.n_tensors] for a, m in zip(offs, metas)]
+        ins = list(zip(metas[:-1], parts[:-1], needs[:-1], offs[:-1]))
+        dmeta, td, nd_, od = metas[-1], parts[-1], needs[-1], offs[-1]
+        fused = len(ins) == 1
+        w_down = td[0]
         adapters = any(m.adapters for m in metas)
-        hid, inter = w_gate.shape[1], w_gate.shape[0]
+        hid = ins[0][1][0].shape[1]
+        inter = w_down.shape[1]
         go2 = grad_out.reshape(-1, grad_out.shape[-1])
         tokens = go2.shape[0]
         chunk = tokens if adapters else _token_chunk(tokens, inter, (ctx.g, ctx.u, ctx.x))
-        need_xw = any(ng_) or any(nu_)
+        need_xw = any(n[0] for _, _, n, _ in ins) or any(m.adapters for m, _, _, _ in ins)
         x2 = None
-        if (need_xw or adapters) and ctx.src is not None:
+        if need_xw and ctx.src is not None:
             x2 = ctx.src.output(_Like(ctx.view) if ctx.view is not None else None).reshape(-1, hid)
-        elif metas[0].adapters or metas[1].adapters:
+        elif any(m.adapters for m, _, _, _ in ins):
             x2 = storage.load(ctx.x, None, ctx.backend).reshape(-1, hid)
         acc_t = torch.promote_types(grad_out.dtype, torch.float32)
         acc: list = [None] * len(tensors)
@@ -451,7 +470,6 @@ class SwiGLUFunction(torch.autograd.Function):
                 return
             acc[i] = val if chunk == tokens else (val.to(acc_t) if acc[i] is None else acc[i].add_(val))
 
-        og, ou, od = 0, ng, ng + nu
         for t0 in range(0, tokens, chunk):
             t1 = min(tokens, t0 + chunk)
             go = go2[t0:t1]
@@ -466,45 +484,43 @@ class SwiGLUFunction(torch.autograd.Function):
             if nd_[0]:
                 add(od, fusion.weight_grad_gated(go, storage.rows(ctx.u, t0, t1), a_d, dense=u,
                                                  backend=ctx.backend))
-            if metas[2].has_bias and nd_[1]:
+            if dmeta.has_bias and nd_[1]:
                 add(od + 1, _bias_grad(go))
             dh = fusion.input_grad(go, w_down)
-            if metas[2].adapters:
-                dha, ga = adapter_backward(go, a_d * u, metas[2], td, ctx.masks[2], nd_, True)
+            if dmeta.adapters:
+                dha, ga = adapter_backward(go, a_d * u, dmeta, td, ctx.masks[-1], nd_, True)
                 for k, gk in enumerate(ga):
                     add(od + k, gk)
                 dh = dh + dha.to(dh.dtype)
             du = dh * a_d                                              # = torch's mul backward, grad * self
             (dg,) = torch.autograd.grad(a, (g,), dh * u)               # act's own backward of grad * other
             del a, a_d, g, u, dh
+            # gradients of the input projection(s): gate and up, or the fused gate_up with [dg, du]
+            douts = [torch.cat([dg, du], dim=-1)] if fused else [dg, du]
+            del dg, du
             xc = None
-            if need_xw or adapters:
+            if need_xw:
                 # a kept x goes to the weight-gradient seam as is (prologue fusion, else decoded there)
                 xc = x2[t0:t1] if x2 is not None else storage.rows(ctx.x, t0, t1)
-                if ng_[0]:
-                    add(og, fusion.weight_grad(dg, xc))
-                if nu_[0]:
-                    add(ou, fusion.weight_grad(du, xc))
-            if metas[0].has_bias and ng_[1]:
-                add(og + 1, _bias_grad(dg))
-            if metas[1].has_bias and nu_[1]:
-                add(ou + 1, _bias_grad(du))
-            dxg = dxu = None
-            if metas[0].adapters:
-                dxg, ga = adapter_backward(dg, xc, metas[0], tg, ctx.masks[0], ng_, bool(need[0]))
-                for k, gk in enumerate(ga):
-                    add(og + k, gk)
-            if metas[1].adapters:
-                dxu, ga = adapter_backward(du, xc, metas[1], tu, ctx.masks[1], nu_, bool(need[0]))
-                for k, gk in enumerate(ga):
-                    add(ou + k, gk)
-            if need[0]:
-                d = fusion.input_grad(dg, w_gate).to(ctx.x_dtype) + fusion.input_grad(du, w_up).to(ctx.x_dtype)
-                for extra in (dxg, dxu):
+            d = None
+            for j, ((meta, t, n_, off), dy) in enumerate(zip(ins, douts)):
+                if n_[0]:
+                    add(off, fusion.weight_grad(dy, xc))
+                if meta.has_bias and n_[1]:
+                    add(off + 1, _bias_grad(dy))
+                extra = None
+                if meta.adapters:
+                    extra, ga = adapter_backward(dy, xc, meta, t, ctx.masks[j], n_, bool(need[0]))
+                    for k, gk in enumerate(ga):
+                        add(off + k, gk)
+                if need[0]:
+                    term = fusion.input_grad(dy, t[0]).to(ctx.x_dtype)
+                    d = term if d is None else d + term
                     if extra is not None:
                         d = d + extra.to(ctx.x_dtype)
+            if need[0]:
                 dx2[t0:t1] = d.reshape(t1 - t0, hid)
-            del dg, du, xc
+            del douts, xc, d
         del x2
         out = [(v.to(t.dtype) if v is not None else None) for v, t in zip(acc, tensors)]
         dx = dx2.view(ctx.x_shape) if need[0] else None

@@ -69,6 +69,7 @@ class _State:
     expect: str = ""           # the norm (path in the group) whose output this consumer must read
     alias_hint: bool | None = None  # the model's attention kernel keeps its output (SDPA/flash)
     laaq: Any = None           # the LAAQ path of this kind (torch.compiler.disable'd), set by _patch
+    validated: bool = False    # swiglu: checked once against the module's own forward
 
     def aside(self) -> bool:
         return self.group is not None and self.group.checkpointed()
@@ -189,17 +190,45 @@ def _linear_laaq(self: nn.Module, st: "_State", x: torch.Tensor) -> torch.Tensor
     return SavedInputLinear.apply(x, st.plan[st.role], st.role, st.layer, st.backend, alias, meta, *tensors)
 
 
+def _fork_rng(x: torch.Tensor) -> Any:
+    if x.device.type == "cpu":
+        return torch.random.fork_rng(devices=[])
+    return torch.random.fork_rng(devices=[x.device], device_type=x.device.type)
+
+
 def _swiglu_laaq(self: nn.Module, st: "_State", x: torch.Tensor) -> torch.Tensor:
-    gate, up, down = (_get(self, n) for n in st.names[:3])
-    act = _get(self, st.names[3])
-    parts = [resolve(m) for m in (gate, up, down)]
+    gate, up, down, act_name = st.names
+    mods = [_get(self, n) for n in ((gate, down) if not up else (gate, up, down))]  # up "" = fused gate_up
+    act = _get(self, act_name)
+    parts = [resolve(m) for m in mods]
     src, view = find_source(x)
     if st.group is not None and st.expect:
         st.group.check(st, src)
     metas = tuple(p[0] for p in parts)
     tensors = [t for p in parts for t in p[1]]
-    return SwiGLUFunction.apply(x, src, view, act, st.plan["mlp_act_input"], st.plan["linear_input"], st.layer,
-                                st.backend, metas, *tensors)
+    args = (x, src, view, act, st.plan["mlp_act_input"], st.plan["linear_input"], st.layer, st.backend, metas, *tensors)
+    if st.validated:
+        return SwiGLUFunction.apply(*args)
+    # First training forward: check the family row's claim mlp(x) == down(act(gate(x)) * up(x)) against
+    # the module's own forward (same RNG draws, e.g. LoRA dropout), once per module.
+    with torch.no_grad(), _fork_rng(x):
+        ref = st.orig(x)
+    row = st.group.row.name if st.group is not None and st.group.row is not None else "convert_swiglu"
+    names = f"gate={gate!r}" + (f", up={up!r}" if up else " (fused gate_up)") + f", down={down!r}, act={act_name!r}"
+    try:
+        out = SwiGLUFunction.apply(*args)
+    except RuntimeError as e:
+        raise AgoqError(f"LAAQ family row {row!r} does not match {st.path} ({type(self).__name__}): computing "
+                        f"down(act(gate(x)) * up(x)) with {names} fails: {e}. Fix the row (fused projections: "
+                        "LayerFamily(gate_up_proj=...); fused q/k/v: qkv=(...))") from e
+    err = ((out.detach().double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item() \
+        if out.shape == ref.shape else float("inf")
+    if not err <= 1e-2:
+        raise AgoqError(f"LAAQ family row {row!r} does not match {st.path} ({type(self).__name__}): its forward is not "
+                        f"down(act(gate(x)) * up(x)) with {names} (output {tuple(out.shape)} vs {tuple(ref.shape)}, "
+                        f"relative difference {err:.3g}). Fix the row, or leave this MLP unconverted (mlp='')")
+    st.validated = True
+    return out
 
 
 def _attention_laaq(self: nn.Module, st: "_State", *args: Any, **kwargs: Any) -> Any:
@@ -379,7 +408,7 @@ class _Converter:
         if is_converted(m):
             self.skip(path, "already converted")
             return False
-        for n in names[:3]:
+        for n in (x for x in names[:3] if x):  # up "" = one fused gate_up projection
             problem = linear_problem(_get(m, n)) if _get(m, n) is not None else "not found"
             if problem:
                 self.skip(path, f"{n} {problem}")
@@ -486,8 +515,9 @@ def apply(model: nn.Module, config: LAAQConfig | None = None, *,
                 conv.norm(_get(layer, extra), p + extra, idx, plan, group=g, rel=extra)
             if row.mlp and conv.norm(_get(layer, row.post_norm), p + row.post_norm, idx, plan, group=g,
                                      rel=row.post_norm):
-                conv.swiglu(_get(layer, row.mlp), p + row.mlp, idx, plan,
-                            (row.gate_proj, row.up_proj, row.down_proj, row.act_fn), group=g, expect=row.post_norm)
+                names = ((row.gate_up_proj, "", row.down_proj, row.act_fn) if row.gate_up_proj else
+                         (row.gate_proj, row.up_proj, row.down_proj, row.act_fn))
+                conv.swiglu(_get(layer, row.mlp), p + row.mlp, idx, plan, names, group=g, expect=row.post_norm)
             elif not row.mlp:
                 conv.skip(p + (row.post_norm or "mlp"), f"family {row.name!r}: {row.mlp_note or 'MLP not converted'}")
         if config.convert_final_norm and last_row is not None:

@@ -144,16 +144,16 @@ class SavedBytesMeter:
             order += 1
             attn, mlp = _get(m, row.attention), _get(m, row.mlp)
             self._watch(m, i, "other")
-            for name in (row.input_norm, row.post_norm):
+            for name in (row.input_norm, row.post_norm, *row.extra_norms):
                 self._watch(_get(m, name), i, "norm")
             self._watch(attn, i, "attn_core")
             if attn is not None:
-                for name in (row.q_proj, row.k_proj, row.v_proj):
+                for name in row.attn_in:
                     self._watch(_get(attn, name), i, "qkv_in")
                 self._watch(_get(attn, row.o_proj), i, "o_in")
             self._watch(mlp, i, "act")
             if mlp is not None:
-                for name in (row.gate_proj, row.up_proj):
+                for name in (row.gate_proj, row.up_proj, row.gate_up_proj):
                     self._watch(_get(mlp, name), i, "mlp_in")
                 self._watch(_get(mlp, row.down_proj), i, "down_in")
         if last_row is not None:
