@@ -44,7 +44,9 @@ class LayerFamily:
     up_proj: str = "up_proj"
     down_proj: str = "down_proj"
     act_fn: str = "act_fn"
-    """Relative to ``mlp``: ``mlp(x) == down(act(gate(x)) * up(x))``. ``mlp=""``: the MLP is not
+    """Relative to ``mlp``: ``mlp(x) == down(act(gate(x)) * up(x))``. ``act_fn="silu"`` with no such
+    attribute means the MLP calls torch.nn.functional.silu inline (torchtitan's FeedForward). A fused
+    q/k/v projection is named by giving q_proj, k_proj and v_proj the same path (or ``qkv``). ``mlp=""``: the MLP is not
     converted (``mlp_note`` says why, e.g. mixture-of-experts blocks) and ``post_norm`` stays plain."""
     gate_up_proj: str = ""
     """Relative to ``mlp``: one projection whose output halves are gate and up (Phi3:
@@ -67,7 +69,7 @@ class LayerFamily:
 
     @property
     def attn_in(self) -> tuple[str, ...]:
-        return self.qkv if self.qkv is not None else (self.q_proj, self.k_proj, self.v_proj)
+        return self.qkv if self.qkv is not None else tuple(dict.fromkeys((self.q_proj, self.k_proj, self.v_proj)))
 
 
 _MOE = ("mixture-of-experts block: the experts' grouped GEMMs (transformers 5 keeps them as 3-D parameters) "

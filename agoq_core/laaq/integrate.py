@@ -199,7 +199,7 @@ def _fork_rng(x: torch.Tensor) -> Any:
 def _swiglu_laaq(self: nn.Module, st: "_State", x: torch.Tensor) -> torch.Tensor:
     gate, up, down, act_name = st.names
     mods = [_get(self, n) for n in ((gate, down) if not up else (gate, up, down))]  # up "" = fused gate_up
-    act = _get(self, act_name)
+    act = _activation(self, act_name)
     parts = [resolve(m) for m in mods]
     src, view = find_source(x)
     if st.group is not None and st.expect:
@@ -285,6 +285,16 @@ def _get(root: nn.Module, path: str) -> Any:
         if obj is None:
             return None
     return obj
+
+
+# Activations an MLP may call inline instead of holding a module (torchtitan's FeedForward calls
+# F.silu): a family row names them in ``act_fn`` when the MLP has no attribute of that name.
+_INLINE_ACTIVATIONS: dict[str, Callable] = {"silu": torch.nn.functional.silu}
+
+
+def _activation(mlp: nn.Module, name: str) -> Any:
+    act = _get(mlp, name)
+    return act if act is not None else _INLINE_ACTIVATIONS.get(name)
 
 
 def _fmt_name(spec: FormatSpec | None) -> str:
@@ -413,7 +423,7 @@ class _Converter:
             if problem:
                 self.skip(path, f"{n} {problem}")
                 return False
-        if not callable(_get(m, names[3])):
+        if not callable(_activation(m, names[3])):
             self.skip(path, f"activation {names[3]!r} not found or not callable")
             return False
         self._done(m, path, _State("swiglu", m.forward, layer, plan, self.config.backend, names=names, group=group,
