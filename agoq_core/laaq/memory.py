@@ -26,7 +26,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from agoq_core.laaq import storage
 from agoq_core.laaq.config import LAAQConfig
-from agoq_core.laaq.families import FAMILIES, LayerFamily
+from agoq_core.laaq.families import FAMILIES, LayerFamily, match_family
 
 __all__ = ["PARTS", "SavedBytes", "SavedBytesMeter", "StorageLedger", "measure_saved_bytes", "flash_layout_sdpa"]
 
@@ -162,6 +162,7 @@ class SavedBytesMeter:
         self.label = label
         rows = list(families) if families is not None else list(FAMILIES.values())
         self._by_class = {c: r for r in rows for c in r.layer_classes}
+        self._rows = rows
         self._ledger = StorageLedger()
         self._scope: list[tuple[int | None, str]] = []
         self._handles: list[Any] = []
@@ -185,7 +186,7 @@ class SavedBytesMeter:
         last_row = None
         order = 0
         for _, m in self.model.named_modules():
-            row = self._by_class.get(type(m).__name__)
+            row = match_family(m, self._rows)  # by class hierarchy (FSDP2 subclasses)
             if row is None:
                 continue
             last_row = row
@@ -193,16 +194,16 @@ class SavedBytesMeter:
             order += 1
             attn, mlp = _get(m, row.attention), _get(m, row.mlp)
             self._watch(m, i, "other")
-            for name in (row.input_norm, row.post_norm):
+            for name in (row.input_norm, row.post_norm, *row.extra_norms):
                 self._watch(_get(m, name), i, "norm")
             self._watch(attn, i, "attn_core")
             if attn is not None:
-                for name in (row.q_proj, row.k_proj, row.v_proj):
+                for name in row.attn_in:
                     self._watch(_get(attn, name), i, "qkv_in")
                 self._watch(_get(attn, row.o_proj), i, "o_in")
             self._watch(mlp, i, "act")
             if mlp is not None:
-                for name in (row.gate_proj, row.up_proj):
+                for name in (row.gate_proj, row.up_proj, row.gate_up_proj):
                     self._watch(_get(mlp, name), i, "mlp_in")
                 self._watch(_get(mlp, row.down_proj), i, "down_in")
         if last_row is not None:

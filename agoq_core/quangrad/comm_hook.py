@@ -43,16 +43,44 @@ class QuanGradHookState:
     compressed_buckets: int = 0
     fallback_buckets: int = 0
     wire_bytes: int = 0
+    compressed_bytes: int = 0   # gradient bytes (as DDP hands them over) that went through QuanGrad
+    fallback_bytes: int = 0     # ... and through the vendor all-reduce (below min_compress_bytes)
     fallback_reasons: dict[int, str] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _step_seen: dict[int, bool] = field(default_factory=dict, repr=False)  # bucket -> compressed, first step
+    _step_logged: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
         self.spec = resolve_spec(self.fmt, self.block)
         self.be = get_backend(self.backend)
 
+    def _note(self, index: int, nbytes: int, compressed: bool) -> None:
+        """Count a bucket; when the first step is complete (a bucket comes back), log its split once,
+        so a threshold that compresses nothing is visible in the log, not only in summary()."""
+        if compressed:
+            self.compressed_buckets += 1
+            self.compressed_bytes += nbytes
+        else:
+            self.fallback_buckets += 1
+            self.fallback_bytes += nbytes
+        if self._step_logged:
+            return
+        if index in self._step_seen:
+            self._step_logged = True
+            n_c = sum(self._step_seen.values())
+            log.warning("agoq QuanGrad hook, first step: %d of %d DDP buckets compressed (%s); %d below "
+                        "min_compress_bytes=%s went through the vendor all-reduce%s", n_c, len(self._step_seen),
+                        self.spec.name, len(self._step_seen) - n_c, f"{self.min_compress_bytes:,}",
+                        " -- nothing is compressed: lower min_compress_bytes or raise DDP's bucket_cap_mb"
+                        if n_c == 0 else "")
+        else:
+            self._step_seen[index] = compressed
+
     def summary(self) -> str:
-        s = (f"QuanGrad DDP hook ({self.spec.name}, block {self.spec.block}): {self.compressed_buckets} bucket "
-             f"reductions compressed, {self.fallback_buckets} through the vendor all-reduce, {self.wire_bytes:,} bytes sent")
+        s = (f"QuanGrad DDP hook ({self.spec.name}, block {self.spec.block}, min_compress_bytes "
+             f"{self.min_compress_bytes:,}): {self.compressed_buckets} bucket reductions compressed "
+             f"({self.compressed_bytes:,} B of gradients), {self.fallback_buckets} through the vendor all-reduce "
+             f"({self.fallback_bytes:,} B), {self.wire_bytes:,} bytes sent")
         if self.fallback_reasons:
             s += "\n" + "\n".join(f"  DDP bucket {i}: {r}" for i, r in sorted(self.fallback_reasons.items()))
         return s
@@ -65,7 +93,7 @@ def quangrad_hook(state: QuanGradHookState, bucket: dist.GradBucket) -> torch.fu
     nbytes = buf.numel() * 4
     if nbytes < state.min_compress_bytes:
         with state._lock:
-            state.fallback_buckets += 1
+            state._note(bucket.index(), nbytes, False)
             state.wire_bytes += ring_all_reduce_bytes(buf.numel(), buf.element_size(), world)
             if bucket.index() not in state.fallback_reasons:
                 state.fallback_reasons[bucket.index()] = (
@@ -83,7 +111,7 @@ def quangrad_hook(state: QuanGradHookState, bucket: dist.GradBucket) -> torch.fu
     with torch.no_grad():
         buf.copy_(out.div_(world))
     with state._lock:
-        state.compressed_buckets += 1
+        state._note(bucket.index(), nbytes, True)
         state.wire_bytes += op.sent_bytes
     fut: torch.futures.Future = torch.futures.Future()
     fut.set_result(buf)

@@ -56,3 +56,33 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.fixture
 def llama():
     return tiny_model("llama")
+
+
+# ---- the training-stack tests (test_autocast, test_peft, test_checkpointing, test_wrappers, ...) ------
+SMALL = dict(hidden=64, intermediate=176, vocab=128)  # hidden 64, 2 layers; sequences of 32
+
+
+def small_model(family: str = "llama", **kw):
+    return tiny_model(family, **{**SMALL, **kw})
+
+
+def small_batch(b: int = 2, s: int = 32, seed: int = 1) -> torch.Tensor:
+    return batch(vocab=SMALL["vocab"], b=b, s=s, seed=seed)
+
+
+def pooled_errors(g0: dict, g1: dict) -> dict[str, float]:
+    """rel. L2 error of g1 vs g0 pooled per layer type (as docs/laaq.md reports it)."""
+    from agoq_core.laaq.numerics import layer_type
+
+    num: dict[str, float] = {}
+    den: dict[str, float] = {}
+    for n in g0:
+        t = layer_type(n)
+        num[t] = num.get(t, 0.0) + float((g1[n].double() - g0[n].double()).pow(2).sum())
+        den[t] = den.get(t, 0.0) + float(g0[n].double().pow(2).sum())
+    return {t: (num[t] / max(den[t], 1e-300)) ** 0.5 for t in num}
+
+
+#: Gradient-error ceiling of the default policy (nf4) per layer type, as tests/laaq/test_numerics.py
+#: holds it at init on tiny Llama models (docs/laaq.md, "Numerics").
+NF4_REL_L2 = 0.16

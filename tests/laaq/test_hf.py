@@ -144,10 +144,6 @@ def test_errors():
     remove(model)
     with pytest.raises(AgoqError, match="not applied"):
         remove(model)
-    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-    enable()
-    with pytest.raises(AgoqError, match="gradient_checkpointing_disable"):
-        apply(model)
     with pytest.raises(AgoqError, match="no decoder layer of a known family"):
         apply(nn.Sequential(nn.Linear(2, 2)))
     with pytest.raises(TypeError, match="LAAQConfig"):

@@ -1,0 +1,209 @@
+#!/usr/bin/env python
+"""LAAQ inside the stacks people use, on one GPU: CUDA autocast numerics and compiled-vs-eager speed.
+
+1. autocast: a small HF Llama (fp32 weights) under torch.autocast(cuda, bf16), backward outside the
+   region (as Trainer/Accelerate): loss LAAQ vs plain (must be identical), gradients with the native
+   policy (max rel. error, expect ~1e-7) and the default nf4 policy (pooled per layer type); one fp16
+   step with GradScaler (finite, loss identical).
+2. torch.compile: a LLaMA-shaped stack (bf16 weights, SDPA, batch 1) -- tokens/s of forward+backward for
+   plain eager, plain compiled, LAAQ eager, LAAQ compiled (inductor; compile time reported apart),
+   compiled-vs-eager LAAQ gradient agreement, and graph breaks in one compiled decoder layer.
+
+Writes $OUT/bench_integrations.json (or --json) and prints a table. About 2-3 minutes on an H200.
+
+  python benchmarks/bench_integrations.py            # GPU
+  python benchmarks/bench_integrations.py --smoke    # CPU, tiny shapes, aot_eager (tests the logic)
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, aot_eager backend")
+    ap.add_argument("--seq", type=int, default=None, help="tokens for the speed runs (default 4096; smoke 64)")
+    ap.add_argument("--layers", type=int, default=None, help="layers for the speed runs (default 4; smoke 2)")
+    ap.add_argument("--steps", type=int, default=5, help="timed steps (after warm-up)")
+    ap.add_argument("--json", default=None)
+    return ap.parse_args(argv)
+
+
+def llama(hidden, inter, layers, heads, kv, vocab, dtype, device, attn="sdpa", seed=0):
+    import torch
+    import transformers
+
+    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
+                                   num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
+                                   max_position_embeddings=max(8192, hidden), use_cache=False)
+    cfg._attn_implementation = attn
+    torch.manual_seed(seed)
+    m = transformers.LlamaForCausalLM(cfg).to(device=device, dtype=dtype)
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if n.endswith("norm.weight"):
+                p.add_(torch.randn_like(p) * 0.1)
+    return m
+
+
+def amp_grads(model, ids, dtype, dev, scaler=None):
+    import torch
+
+    model.zero_grad(set_to_none=True)
+    with torch.autocast(dev, dtype=dtype):
+        loss = model(input_ids=ids, labels=ids).loss
+    (scaler.scale(loss) if scaler else loss).backward()
+    g = {n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return loss.detach(), g
+
+
+def autocast_part(args, dev):
+    import torch
+
+    from agoq_core.laaq import LAAQConfig, apply, remove
+    from agoq_core.laaq.numerics import layer_type
+
+    h, i, L, s = (64, 176, 2, 32) if args.smoke else (1024, 2816, 2, 1024)
+    model = llama(h, i, L, 8 if not args.smoke else 4, 4 if not args.smoke else 2, 1024, torch.float32, dev)
+    ids = torch.randint(0, 1024, (2, s), device=dev, generator=torch.Generator(device=dev).manual_seed(1))
+    out = {}
+    for dt_name, dt in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        l0, g0 = amp_grads(model, ids, dt, dev)
+        for pol, cfg in (("native", LAAQConfig.native()), ("nf4", LAAQConfig())):
+            apply(model, cfg)
+            try:
+                l1, g1 = amp_grads(model, ids, dt, dev)
+            finally:
+                remove(model)
+            num, den = {}, {}
+            for n in g0:
+                t = layer_type(n)
+                num[t] = num.get(t, 0.0) + float((g1[n] - g0[n]).double().pow(2).sum())
+                den[t] = den.get(t, 0.0) + float(g0[n].double().pow(2).sum())
+            pooled = {t: (num[t] / max(den[t], 1e-300)) ** 0.5 for t in num}
+            per = max(float((g1[n] - g0[n]).double().norm() / g0[n].double().norm().clamp_min(1e-300)) for n in g0)
+            out[f"{dt_name}/{pol}"] = {"loss_equal": bool(torch.equal(l0, l1)), "max_param_rel": per,
+                                       "max_pooled_rel": max(pooled.values())}
+    scaler = torch.amp.GradScaler(dev)
+    apply(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    with torch.autocast(dev, dtype=torch.float16):
+        loss = model(input_ids=ids, labels=ids).loss
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    out["fp16_gradscaler_step_finite"] = bool(all(torch.isfinite(p).all() for p in model.parameters()))
+    remove(model)
+    return out
+
+
+def timed(fn, steps, sync):
+    fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / steps
+
+
+def compile_part(args, dev):
+    import torch
+
+    from agoq_core.laaq import apply, remove
+
+    smoke = args.smoke
+    seq = args.seq or (64 if smoke else 4096)
+    layers = args.layers or (2 if smoke else 4)
+    dtype = torch.float32 if smoke else torch.bfloat16
+    h, i, heads, kv = (64, 176, 4, 2) if smoke else (2048, 5504, 16, 16)
+    backend = "aot_eager" if smoke else "inductor"
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    ids = torch.randint(0, 32000 if not smoke else 128, (1, seq), device=dev)
+    res = {"seq": seq, "layers": layers, "hidden": h, "backend": backend}
+    grads = {}
+    for laaq in (False, True):
+        model = llama(h, i, layers, heads, kv, 32000 if not smoke else 128, dtype, dev)
+        if laaq:
+            apply(model)
+        name = "laaq" if laaq else "plain"
+
+        def step(m=model):
+            m.zero_grad(set_to_none=True)
+            m(input_ids=ids, labels=ids).loss.backward()
+
+        res[f"{name}_eager_s"] = timed(step, args.steps, sync)
+        step()
+        grads[f"{name}_eager"] = {n: p.grad.float().clone() for n, p in model.named_parameters()}
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend=backend)
+
+        def cstep(m=compiled, base=model):
+            base.zero_grad(set_to_none=True)
+            m(input_ids=ids, labels=ids).loss.backward()
+
+        t0 = time.perf_counter()
+        cstep()
+        sync()
+        res[f"{name}_compile_first_step_s"] = time.perf_counter() - t0
+        res[f"{name}_compiled_s"] = timed(cstep, args.steps, sync)
+        cstep()
+        grads[f"{name}_compiled"] = {n: p.grad.float().clone() for n, p in model.named_parameters()}
+        if laaq:
+            layer = model.model.layers[0]
+            x = torch.randn(1, seq, h, device=dev, dtype=dtype, requires_grad=True)
+            pos = model.model.rotary_emb(x, torch.arange(seq, device=dev)[None])
+            torch._dynamo.reset()
+            ex = torch._dynamo.explain(layer)(x, position_embeddings=pos, attention_mask=None)
+            res["graph_breaks_per_layer"] = ex.graph_break_count
+            remove(model)
+        del model, compiled
+        torch._dynamo.reset()
+    ge, gc = grads["laaq_eager"], grads["laaq_compiled"]
+    res["laaq_compiled_vs_eager_max_rel"] = max(
+        float((gc[n] - ge[n]).double().norm() / ge[n].double().norm().clamp_min(1e-300)) for n in ge)
+    for k in ("plain_eager", "plain_compiled", "laaq_eager", "laaq_compiled"):
+        res[f"{k}_tok_s"] = seq / res[f"{k}_s"]
+    res["laaq_compiled_over_eager"] = res["laaq_eager_s"] / res["laaq_compiled_s"]
+    return res
+
+
+def main(argv=None):
+    args = parse(argv)
+    import torch
+
+    dev = "cpu" if args.smoke or not torch.cuda.is_available() else "cuda"
+    rep = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "host": platform.node(), "torch": torch.__version__, "device": dev,
+           "gpu": torch.cuda.get_device_name() if dev == "cuda" else None}
+    import transformers
+    rep["transformers"] = transformers.__version__
+    t0 = time.perf_counter()
+    rep["autocast"] = autocast_part(args, dev)
+    rep["compile"] = compile_part(args, dev)
+    rep["wall_s"] = time.perf_counter() - t0
+    print(json.dumps(rep, indent=1))
+    c = rep["compile"]
+    print(f"\ntokens/s at {c['seq']} tokens, {c['layers']} layers, hidden {c['hidden']} ({c['backend']}):")
+    for k in ("plain_eager", "plain_compiled", "laaq_eager", "laaq_compiled"):
+        print(f"  {k:<16} {c[k + '_tok_s']:>10.0f}")
+    print(f"  compiled LAAQ / eager LAAQ: {c['laaq_compiled_over_eager']:.3f}x; graph breaks per layer: "
+          f"{c['graph_breaks_per_layer']}; compiled vs eager LAAQ gradients: max rel {c['laaq_compiled_vs_eager_max_rel']:.2e}")
+    path = args.json or (os.path.join(os.environ["OUT"], "bench_integrations.json") if os.environ.get("OUT") else None)
+    if path:
+        Path(path).write_text(json.dumps(rep, indent=1))
+    return rep
+
+
+if __name__ == "__main__":
+    main()
