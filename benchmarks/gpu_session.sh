@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call, several benchmarks: each stage gets its own time limit and writes into $OUT.
 #   bash benchmarks/gpu_session.sh STAGE[:SECONDS] ...
-# Stages: conformance, laaq, quangrad, fusion, codecs, torchtitan, equal-memory. Runs the repo in place via PYTHONPATH (the GPU
+# Stages: conformance, laaq, quangrad, fusion, codecs, torchtitan, equal-memory, integrations. Runs the repo in place via PYTHONPATH (the GPU
 # machine has torch + triton preinstalled and no network).
 set -u
 source "$(dirname "$0")/gpu_env.sh"
@@ -23,9 +23,10 @@ for spec in "$@"; do
     quangrad)    cmd=(python3 benchmarks/bench_quangrad_gpu.py) ;;
     laaq-fusion) cmd=(bash -c 'for f in 0 1; do echo "AGOQ_FUSION=$f"; AGOQ_FUSION=$f python3 benchmarks/bench_laaq.py --methods laaq --seqs 16384 --ladder-methods "" --steps 3 --json "$OUT/bench_laaq_fusion$f.json" | grep -E "tok/s|^laaq "; done') ;;
     fusion)      cmd=(python3 benchmarks/bench_fusion.py) ;;
-    codecs)      cmd=(python3 benchmarks/bench_codecs.py --deadline-s $((secs - 30))) ;;
+    codecs)      cmd=(python3 benchmarks/bench_codecs.py --sizes-mib 1024 --no-sweep --deadline-s $((secs - 30))) ;;
     torchtitan)  cmd=(python3 benchmarks/bench_torchtitan.py --budget-s $((secs - 30))) ;;  # needs .whl (docs/integrations.md)
     equal-memory) cmd=(python3 benchmarks/bench_equal_memory.py --quick) ;;  # needs the torchao wheel in .whl
+    integrations) cmd=(python3 benchmarks/bench_integrations.py) ;;   # CUDA autocast, eager vs compiled LAAQ
     *) echo "unknown stage $stage"; continue ;;
   esac
   start=$(date +%s)
