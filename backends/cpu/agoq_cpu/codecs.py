@@ -31,8 +31,9 @@ _FP8 = {"fp8_e4m3": (20, 120, 16384.0, 141), "fp8_e5m2": (21, 112, 128.0, 134)}
 
 
 def spec_key(spec: FormatSpec) -> tuple:
-    """What a compiled codec depends on (the block size is a dynamic dimension, qmax a tensor argument)."""
-    return (spec.kind, spec.bits)
+    """What these functions read from a spec. Not the block size: it is the tensors' second dimension,
+    so one compiled graph serves every block size."""
+    return (spec.kind, spec.bits, spec.qmax)
 
 
 def _encode(v: torch.Tensor, spec: FormatSpec) -> torch.Tensor:

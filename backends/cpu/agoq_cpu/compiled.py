@@ -1,7 +1,7 @@
 """Compiled codec variants: the functions of agoq_cpu.codecs through ``torch.compile`` (Inductor C++).
 
-One variant per (op, code kind, bits, block size, dtype), compiled on first use. The number of
-blocks is a dynamic dimension (``mark_dynamic``), so a new tensor size never recompiles. Compile
+One variant per (op, format, dtype), compiled on first use. The number of blocks and the block size
+are dynamic dimensions (``mark_dynamic``), so a new tensor size or block size never recompiles. Compile
 time is measured and shown once per variant on stderr; Inductor's FX graph cache (on by default,
 ``TORCHINDUCTOR_CACHE_DIR``, default ``/tmp/torchinductor_$USER``) makes later processes load the
 compiled code instead of rebuilding it.
@@ -27,6 +27,15 @@ from agoq_core.formats.spec import FormatSpec
 __all__ = ["Compiler", "compiler_status"]
 
 ENV_COMPILE = "AGOQ_CPU_COMPILE"
+
+#: Inductor C++ options pinned for every codec graph (whatever the user's environment sets), because
+#: the codes depend on them: no FMA contraction (the dequantize multiply and the accumulate add round
+#: separately, docs/formats.md §6) and no unsafe math (no reassociation, no reciprocal division).
+#: These are torch's defaults today; pinning them keeps TORCHINDUCTOR_CPP_* variables from changing bits.
+EXACT_OPTIONS = {
+    "cpp.enable_floating_point_contract_flag": "off",
+    "cpp.enable_unsafe_math_opt_flag": False,
+}
 
 
 def compiler_status() -> tuple[bool, str]:
@@ -81,12 +90,12 @@ def _reduce(spec: FormatSpec):
     return run
 
 
-# op -> (builder, which (argument, dim) pairs hold the number of blocks)
+# op -> (builder, the (argument, dim) pairs that are dynamic: the number of blocks and the block size)
 _OPS = {
-    "quantize": (_quantize, ((0, 0), (2, 0), (3, 0))),
-    "dequantize": (_dequantize, ((0, 0), (1, 0), (3, 0))),
-    "accumulate": (_accumulate, ((0, 0), (1, 0), (2, 0))),
-    "reduce_requantize": (_reduce, ((0, 1), (1, 1), (4, 0), (5, 0))),
+    "quantize": (_quantize, ((0, 0), (0, 1), (2, 0), (2, 1), (3, 0))),
+    "dequantize": (_dequantize, ((0, 0), (0, 1), (1, 0), (3, 0), (3, 1))),
+    "accumulate": (_accumulate, ((0, 0), (0, 1), (1, 0), (2, 0), (2, 1))),
+    "reduce_requantize": (_reduce, ((0, 1), (0, 2), (1, 1), (4, 0), (4, 1), (5, 0))),
 }
 
 
@@ -132,28 +141,28 @@ class Compiler:
         self.compiled: list[tuple[str, float]] = []
         self._variants: dict[tuple, _Variant] = {}
         self._consts: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-        if not self.compile and not quiet and compile is None:
+        if not self.compile and not quiet and compile is None and os.environ.get(ENV_COMPILE) is None:
             print(f"agoq-cpu: {why}", file=sys.stderr, flush=True)
 
     def consts(self, spec: FormatSpec) -> tuple[torch.Tensor, torch.Tensor]:
         """(decode table, qmax as a 0-d fp32 tensor) of ``spec``."""
-        key = (spec.kind, spec.bits, spec.qmax)
+        key = codecs.spec_key(spec)
         if key not in self._consts:
             table = decode_table(spec) if spec.kind != "int" else torch.zeros(1)
             self._consts[key] = (table, torch.tensor(spec.qmax, dtype=torch.float32))
         return self._consts[key]
 
     def get(self, op: str, spec: FormatSpec, dtype: torch.dtype) -> _Variant:
-        key = (op, spec.kind, spec.bits, spec.qmax, spec.block, dtype)
+        key = (op, codecs.spec_key(spec), dtype)  # the block size is a dynamic dimension
         v = self._variants.get(key)
         if v is None:
             build, dims = _OPS[op]
             fn = build(spec, dtype) if op == "dequantize" else build(spec)
             dt = str(dtype).removeprefix("torch.")
-            label = f"{spec.name} {op} (block {spec.block}, {dt})"
+            label = f"{spec.name} {op} ({dt})"
             if self.compile:
-                name = f"agoq_cpu_{op}_{spec.kind}{spec.bits}_b{spec.block}_{dt}"
-                fn = torch.compile(_fresh(fn, name), fullgraph=True, dynamic=False)
+                name = f"agoq_cpu_{op}_{spec.kind}{spec.bits}_{dt}"
+                fn = torch.compile(_fresh(fn, name), fullgraph=True, dynamic=False, options=EXACT_OPTIONS)
             v = self._variants[key] = _Variant(fn, label, dims, self)
         return v
 
