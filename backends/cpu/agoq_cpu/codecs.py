@@ -28,6 +28,9 @@ _FP4_THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.
 # FP8 encode constants (docs/formats.md §4.2): (mantissa shift, normal-exponent bias offset, subnormal
 # magic addend, its exponent field offset).
 _FP8 = {"fp8_e4m3": (20, 120, 16384.0, 141), "fp8_e5m2": (21, 112, 128.0, 134)}
+# The oracle's NF4 thresholds, as Python floats computed once here: inside a compiled graph they are
+# constants (the oracle computes them with tensor ops, which Dynamo cannot turn into constants).
+_NF4_THRESHOLDS = nf4_thresholds()
 
 
 def spec_key(spec: FormatSpec) -> tuple:
@@ -46,7 +49,7 @@ def _encode(v: torch.Tensor, spec: FormatSpec) -> torch.Tensor:
         idx = sum(((m >= t) if incl else (m > t)).to(torch.int32) for t, incl in _FP4_THRESHOLDS)
         return idx | (((v < 0) & (idx > 0)).to(torch.int32) << 3)
     if spec.kind == "nf4":
-        return sum((v > t).to(torch.int32) for t in nf4_thresholds())
+        return sum((v > t).to(torch.int32) for t in _NF4_THRESHOLDS)
     if spec.kind in _FP8:
         shift, bias, magic, magic_exp = _FP8[spec.kind]
         v = v.clamp(-spec.qmax, spec.qmax)
