@@ -32,8 +32,12 @@ class CpuBackend(BackendBase):
 
     def __init__(self, compile: bool | None = None, *, quiet: bool = False) -> None:
         self.compiler = Compiler(compile, quiet=quiet)
+        self._caps = self._capabilities()
 
     def capabilities(self) -> Capabilities:
+        return self._caps  # the core asks before every op: build it once
+
+    def _capabilities(self) -> Capabilities:
         return Capabilities(
             formats=frozenset(s.name for s in list_formats()),
             device_types=frozenset({"cpu"}),
