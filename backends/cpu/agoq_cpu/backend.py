@@ -25,6 +25,34 @@ def _input(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype in _COMPUTE_DTYPES else t.to(torch.float32)  # fp64 -> fp32: RNE (docs/formats.md §3.1)
 
 
+def _retyped_alias(t: torch.Tensor, others: tuple[torch.Tensor, ...]) -> bool:
+    if t._base is not None and t._base.dtype != t.dtype:
+        return True
+    ptr = t.untyped_storage().data_ptr()
+    return any(o.dtype != t.dtype and o.untyped_storage().data_ptr() == ptr for o in others)
+
+
+class _Writable:
+    """Output buffers a compiled graph may write in place. aot_autograd (torch 2.13) cannot mutate a view
+    that shares its storage with a tensor of another dtype ("input mutations on views with different
+    dtypes"): the QuanGrad protocol packs codes and fp32 scales into one byte payload. Such buffers are
+    swapped for a scratch tensor (a copy, when the op also reads them) and copied back on exit."""
+
+    def __init__(self, *ts: torch.Tensor, inputs: tuple[torch.Tensor, ...] = (), read: bool = False) -> None:
+        self.ts = ts
+        others = ts + inputs
+        self.bufs = tuple((t.clone() if read else torch.empty_like(t)) if _retyped_alias(t, others) else t
+                          for t in ts)
+
+    def __enter__(self) -> tuple[torch.Tensor, ...]:
+        return self.bufs
+
+    def __exit__(self, *exc) -> None:
+        for t, b in zip(self.ts, self.bufs):
+            if b is not t:
+                t.copy_(b)
+
+
 class CpuBackend(BackendBase):
     name = "cpu"
     device_type = "cpu"
@@ -61,8 +89,8 @@ class CpuBackend(BackendBase):
         x = _input(x)
         cbf = spec.code_bytes(nf * b)
         table, qmax = self.compiler.consts(spec)
-        self.compiler.get("quantize", spec, x.dtype)(
-            x[: nf * b].view(nf, b), qmax, codes[:cbf].view(nf, -1), scales[:nf])
+        with _Writable(codes[:cbf], scales[:nf], inputs=(x,)) as (c, s):
+            self.compiler.get("quantize", spec, x.dtype)(x[: nf * b].view(nf, b), qmax, c.view(nf, -1), s)
         if nf * b < n:
             c, s = ref.quantize_blocks(x[nf * b:], spec)
             codes[cbf:].copy_(c)
@@ -76,8 +104,8 @@ class CpuBackend(BackendBase):
             return
         cbf = spec.code_bytes(nf * b)
         table, _ = self.compiler.consts(spec)
-        self.compiler.get("dequantize", spec, out.dtype)(
-            codes[:cbf].view(nf, -1), scales[:nf], table, out[: nf * b].view(nf, b))
+        with _Writable(out[: nf * b], inputs=(codes, scales)) as (o,):
+            self.compiler.get("dequantize", spec, out.dtype)(codes[:cbf].view(nf, -1), scales[:nf], table, o.view(nf, b))
         if nf * b < n:
             out[nf * b:].copy_(ref.dequantize_blocks(codes[cbf:], scales[nf:], spec, n - nf * b, out.dtype))
 
@@ -92,8 +120,8 @@ class CpuBackend(BackendBase):
         g = _input(g)
         cbf = spec.code_bytes(nf * b)
         table, qmax = self.compiler.consts(spec)
-        self.compiler.get("accumulate", spec, g.dtype)(
-            codes[:cbf].view(nf, -1), scales[:nf], g[: nf * b].view(nf, b), table, qmax)
+        with _Writable(codes[:cbf], scales[:nf], inputs=(g,), read=True) as (c, s):
+            self.compiler.get("accumulate", spec, g.dtype)(c.view(nf, -1), s, g[: nf * b].view(nf, b), table, qmax)
         if nf * b < n:
             c, s = ref.accumulate(codes[cbf:], scales[nf:], spec, n - nf * b, g[nf * b:])
             codes[cbf:].copy_(c)
@@ -111,8 +139,9 @@ class CpuBackend(BackendBase):
         table, qmax = self.compiler.consts(spec)
         full_codes = codes[:, :cbf] if cbf == codes.shape[1] else codes[:, :cbf].contiguous()
         full_scales = scales[:, :nf] if nf == scales.shape[1] else scales[:, :nf].contiguous()
-        self.compiler.get("reduce_requantize", spec, torch.float32)(
-            full_codes.view(w, nf, -1), full_scales, table, qmax, codes_out[:cbf].view(nf, -1), scales_out[:nf])
+        with _Writable(codes_out[:cbf], scales_out[:nf], inputs=(codes, scales)) as (c, s):
+            self.compiler.get("reduce_requantize", spec, torch.float32)(
+                full_codes.view(w, nf, -1), full_scales, table, qmax, c.view(nf, -1), s)
         if nf * b < numel:
             c, s = ref.reduce_requantize(codes[:, cbf:], scales[:, nf:], spec, numel - nf * b)
             codes_out[cbf:].copy_(c)

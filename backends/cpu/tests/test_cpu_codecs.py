@@ -100,3 +100,18 @@ def test_compiled_codecs_match_reference(compiled):
     for nblocks, seed in ((16, 4), (12, 5)):      # two sizes: the second reuses the first graph
         _check_codec(compiled, spec, _special(spec.block, nblocks, seed))
     _check_accumulate(compiled, get_format("fp8_e4m3"), _special(256, 12, seed=6), seed=7)
+
+
+def test_compiled_writes_into_byte_payload_views(compiled):
+    """QuanGrad's protocol keeps codes and fp32 scales in one byte payload: outputs that are views of a
+    differently typed tensor must still be written (aot_autograd cannot mutate those in place)."""
+    spec = get_format("int8", 32)
+    x = _special(32, 16, seed=8)
+    n = x.numel()
+    cb, nb = spec.code_bytes(n), spec.num_blocks(n)
+    pad = -cb % 4
+    payload = torch.zeros(cb + pad + 4 * nb, dtype=torch.uint8)
+    codes, scales = payload[:cb], payload[cb + pad:].view(torch.float32)
+    compiled.quantize_into(x, spec, codes, scales)
+    rc, rs = ref.quantize_blocks(x, spec)
+    assert torch.equal(codes, rc) and _same_scales(scales, rs)
