@@ -4,7 +4,8 @@ Every op splits its flat buffer into whole blocks, which go through one compiled
 (agoq_cpu.compiled), and a ragged tail of fewer than one block, which goes through the reference
 codecs (agoq_core.formats.reference: the oracle itself, so the tail cannot disagree with it). Tensors
 of fewer than two whole blocks go entirely to the reference: Dynamo specialises sizes 0 and 1, so
-they would cost one more compile for a few hundred elements.
+they would cost one more compile for a few hundred elements. The OCP MX / NVFP4 formats (mxfp4, mxfp8,
+nvfp4) are claimed and run on the reference codecs too (not compiled yet).
 """
 from __future__ import annotations
 
@@ -18,6 +19,13 @@ from agoq_cpu.compiled import Compiler
 __all__ = ["CpuBackend"]
 
 _MIN_BLOCKS = 2
+
+
+def _compiled_path(spec, nf: int) -> bool:
+    """Whole blocks go through a compiled graph, except for tensors of fewer than 2 blocks and for the
+    OCP MX / NVFP4 formats (power-of-two and per-tensor scales: docs/formats.md §9), which this backend
+    runs with the reference codecs for now."""
+    return nf >= _MIN_BLOCKS and spec.scale_kind == "absmax"
 _COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # others (float64) are rounded to fp32 first
 
 
@@ -67,21 +75,21 @@ class CpuBackend(BackendBase):
 
     def _capabilities(self) -> Capabilities:
         return Capabilities(
-            formats=frozenset(s.name for s in list_formats()),
+            formats=frozenset(s.name for s in list_formats(microscaling=True)),
             device_types=frozenset({"cpu"}),
             ops=frozenset({"quantize", "dequantize", "accumulate", "reduce_requantize"}),
             collectives=frozenset({"all_to_all", "all_gather"}),
             input_dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16, torch.float64}),
             notes=(self.compiler.reason,
-                   "bit-exact with the reference; ragged tails (< 1 block) and tensors under 2 blocks use the "
-                   "reference codecs"),
+                   "bit-exact with the reference; ragged tails (< 1 block), tensors under 2 blocks and the "
+                   "MX/NVFP4 formats use the reference codecs"),
         )
 
     # ---- codecs ------------------------------------------------------------------------------------
     def quantize_into(self, x, spec, codes, scales):
         n, b = x.numel(), spec.block
         nf = n // b
-        if nf < _MIN_BLOCKS:
+        if not _compiled_path(spec, nf):
             c, s = ref.quantize_blocks(x, spec)
             codes.copy_(c)
             scales.copy_(s)
@@ -99,7 +107,7 @@ class CpuBackend(BackendBase):
     def dequantize_into(self, codes, scales, spec, out):
         n, b = out.numel(), spec.block
         nf = n // b
-        if nf < _MIN_BLOCKS:
+        if not _compiled_path(spec, nf):
             out.copy_(ref.dequantize_blocks(codes, scales, spec, n, out.dtype))
             return
         cbf = spec.code_bytes(nf * b)
@@ -112,7 +120,7 @@ class CpuBackend(BackendBase):
     def accumulate_(self, codes, scales, spec, g):
         n, b = g.numel(), spec.block
         nf = n // b
-        if nf < _MIN_BLOCKS:
+        if not _compiled_path(spec, nf):
             c, s = ref.accumulate(codes, scales, spec, n, g)
             codes.copy_(c)
             scales.copy_(s)
@@ -130,7 +138,7 @@ class CpuBackend(BackendBase):
     def reduce_requantize_into(self, codes, scales, spec, numel, codes_out, scales_out):
         b = spec.block
         nf = numel // b
-        if nf < _MIN_BLOCKS:
+        if not _compiled_path(spec, nf):
             c, s = ref.reduce_requantize(codes, scales, spec, numel)
             codes_out.copy_(c)
             scales_out.copy_(s)
