@@ -39,7 +39,7 @@ def pack_codes(codes: torch.Tensor, spec: FormatSpec) -> torch.Tensor:
     if codes.numel() % g:
         raise ValueError(f"pack_codes: {codes.numel()} codes is not a multiple of the pack group {g}")
     if b == 8:
-        return codes.reshape(-1).to(torch.uint8)
+        return codes.to(torch.uint8).reshape(-1)  # convert before flattening: Inductor keeps the 2-D loop
     c = _groups(codes, g).to(_word_dtype(spec))
     word = c[..., 0]
     for k in range(1, g):
