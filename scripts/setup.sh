@@ -17,7 +17,7 @@ fi
   "transformers>=4.46" "tokenizers>=0.20" "matplotlib>=3.7" "tqdm>=4.66" "rich>=13" "bitsandbytes>=0.45"
 # Our distributions, editable, without build isolation (setuptools is already in the venv).
 pkgs=(-e . -e conformance_tests -e tests/plugins/dummy_backend)
-for p in backends/triton_common backends/cuda backends/ascend; do
+for p in backends/triton_common backends/cuda backends/ascend backends/cpu; do
   [ -f "$p/pyproject.toml" ] && pkgs+=(-e "$p")
 done
 "$VENV/bin/python" -m pip install -q --no-build-isolation "torch==2.13.0" "${pkgs[@]}"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up (if needed) and run every test CI runs, on CPU:
 #   1. core, plugin and conformance tests against the reference backend;
-#   2. the conformance suite against the Triton kernels of each plugin under TRITON_INTERPRET=1.
+#   2. the conformance suite against each plugin: cpu (compiled C++ codecs), and the Triton kernels of
+#      cuda and ascend under TRITON_INTERPRET=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -14,9 +15,9 @@ PYTEST=("$VENV/bin/python" -m pytest -q -p no:cacheprovider)
 export TRITON_INTERPRET=1   # Triton kernels run on CPU tensors; must be set before any @triton.jit runs
 export PYTHONHASHSEED=0
 "${PYTEST[@]}" tests conformance_tests $(ls -d backends/*/tests 2>/dev/null) --agoq-backend reference
-for b in cuda ascend; do
+for b in cpu cuda ascend; do
   if [ -f "backends/$b/pyproject.toml" ]; then
-    echo "== conformance suite on backend '$b' (Triton interpreter) =="
+    echo "== conformance suite on backend '$b' =="
     # AGOQ_ASCEND_INTERPRET=1: the ascend plugin's interpreter mode (Ascend launch geometry, CPU tensors)
     AGOQ_BACKEND=$b AGOQ_ASCEND_INTERPRET=1 "${PYTEST[@]}" conformance_tests --agoq-backend "$b"
   fi

@@ -1,7 +1,14 @@
 """Core test configuration (CPU)."""
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# Core tests use the auto-selected backend: agoq-cpu where it is installed. Its codecs run eagerly here
+# (same functions, same bits, no Inductor compile per format and dtype in every test process); the
+# compiled path is tested by backends/cpu/tests and by the conformance run on the cpu backend.
+os.environ.setdefault("AGOQ_CPU_COMPILE", "0")
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,113 @@
+"""The cpu backend's codecs, written in plain torch ops from the numerics contract (docs/formats.md).
+
+Each function works on whole blocks (``x2d[NB, B]``, B a multiple of 8) and is written so that
+``torch.compile`` (Inductor's C++ backend) turns it into one fused loop: one read of the input, one
+write of the codes and scales. The same functions also run eagerly (no C++ compiler): slower, same bits.
+
+What keeps them bit-exact with the reference under Inductor (checked in tests/test_codegen.py):
+* every float step is one IEEE fp32 op (``/`` is a true division on CPU: Inductor's
+  multiply-by-reciprocal rewrite of constant divisors is disabled for CPU tensors, and ``qmax`` is a
+  tensor argument anyway); Inductor compiles C++ with ``-ffp-contract=off`` and without
+  ``-funsafe-math-optimizations`` (torch._inductor.config.cpp), so ``a * b + c`` is never an FMA;
+* round-half-to-even is ``torch.round`` (``nearbyint`` / ``_mm*_round_ps``, both RNE);
+* FP8 codes come from integer logic on the fp32 bits (§4.2), not a float cast;
+* packing is the core's canonical packer (agoq_core.formats.packing): one copy of the bit order.
+"""
+from __future__ import annotations
+
+import torch
+
+from agoq_core.formats.packing import pack_codes, unpack_codes
+from agoq_core.formats.reference import decode_table, nf4_thresholds
+from agoq_core.formats.spec import MIN_NORMAL_F32, FormatSpec
+
+__all__ = ["quantize_blocks", "dequantize_blocks", "accumulate_blocks", "reduce_blocks", "spec_key"]
+
+_EXP_MASK = 0x7F800000
+_FP4_THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+# FP8 encode constants (docs/formats.md §4.2): (mantissa shift, normal-exponent bias offset, subnormal
+# magic addend, its exponent field offset).
+_FP8 = {"fp8_e4m3": (20, 120, 16384.0, 141), "fp8_e5m2": (21, 112, 128.0, 134)}
+# The oracle's NF4 thresholds, as Python floats computed once here: inside a compiled graph they are
+# constants (the oracle computes them with tensor ops, which Dynamo cannot turn into constants).
+_NF4_THRESHOLDS = nf4_thresholds()
+
+
+def spec_key(spec: FormatSpec) -> tuple:
+    """What these functions read from a spec. Not the block size: it is the tensors' second dimension,
+    so one compiled graph serves every block size."""
+    return (spec.kind, spec.bits, spec.qmax)
+
+
+def _encode(v: torch.Tensor, spec: FormatSpec) -> torch.Tensor:
+    """Finite fp32 scaled values -> int32 codes (docs/formats.md §4)."""
+    if spec.kind == "int":
+        q = torch.round(v).clamp(-spec.qmax, spec.qmax)
+        return q.to(torch.int32) + (1 << (spec.bits - 1))
+    if spec.kind == "fp4_e2m1":
+        m = v.abs()
+        idx = sum(((m >= t) if incl else (m > t)).to(torch.int32) for t, incl in _FP4_THRESHOLDS)
+        return idx | (((v < 0) & (idx > 0)).to(torch.int32) << 3)
+    if spec.kind == "nf4":
+        return sum((v > t).to(torch.int32) for t in _NF4_THRESHOLDS)
+    if spec.kind in _FP8:
+        shift, bias, magic, magic_exp = _FP8[spec.kind]
+        v = v.clamp(-spec.qmax, spec.qmax)
+        bits = v.view(torch.int32)
+        a = bits & 0x7FFFFFFF
+        normal = (a - (bias << 23) + ((1 << (shift - 1)) - 1) + ((a >> shift) & 1)) >> shift
+        sub = (v.abs() + magic).view(torch.int32) - (magic_exp << 23)
+        mag = torch.where(a >= ((bias + 1) << 23), normal, sub)
+        return mag | ((bits >> 24) & 0x80)  # sign bit of v: a negative value rounding to 0 keeps it, as torch's cast
+    raise ValueError(f"agoq-cpu: no encoder for code kind {spec.kind!r}")
+
+
+def quantize_blocks(x2d: torch.Tensor, qmax: torch.Tensor, spec: FormatSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """x2d[NB, B] (fp32/bf16/fp16) -> (packed codes uint8[NB * B * bits / 8], scales fp32[NB]).
+
+    ``qmax`` is a 0-d fp32 tensor (spec.qmax): a tensor, so no compiler turns ``/ qmax`` into a
+    multiply by its reciprocal (docs/formats.md §3.5).
+    """
+    x = x2d.to(torch.float32)
+    expo = x.view(torch.int32) & _EXP_MASK
+    bad = expo == _EXP_MASK                                   # NaN / Inf, decided on the bits
+    nonfinite = bad.any(dim=1, keepdim=True)
+    x = torch.where((expo == 0) | bad, 0.0, x)                # flush subnormals and -0, drop non-finite
+    scale = x.abs().amax(dim=1, keepdim=True) / qmax
+    scale = torch.where(scale < MIN_NORMAL_F32, 0.0, scale)
+    zero = scale == 0
+    v = torch.where(zero, 0.0, x / torch.where(zero, 1.0, scale))
+    codes = torch.where(nonfinite, spec.zero_code, _encode(v, spec))
+    scale = torch.where(nonfinite, float("nan"), scale)
+    return pack_codes(codes, spec), scale.reshape(-1)
+
+
+def _decode(codes: torch.Tensor, spec: FormatSpec, table: torch.Tensor) -> torch.Tensor:
+    if spec.kind == "int":
+        return (codes - (1 << (spec.bits - 1))).to(torch.float32)
+    return table[codes]  # the oracle's decode table (exact fp32 values of every code)
+
+
+def dequantize_blocks(codes: torch.Tensor, scales: torch.Tensor, table: torch.Tensor, spec: FormatSpec,
+                      dtype: torch.dtype) -> torch.Tensor:
+    """Packed codes of NB whole blocks and scales fp32[NB] -> [NB, B] in ``dtype``: one fp32 multiply,
+    one round-to-nearest-even cast (docs/formats.md §4.5)."""
+    nb = scales.shape[0]
+    vals = _decode(unpack_codes(codes.reshape(nb, -1), spec).reshape(nb, -1), spec, table)
+    return (vals * scales[:, None]).to(dtype)
+
+
+def accumulate_blocks(codes: torch.Tensor, scales: torch.Tensor, g2d: torch.Tensor, table: torch.Tensor,
+                      qmax: torch.Tensor, spec: FormatSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """QuanGrad accumulate on whole blocks: Q(D_fp32(q) + fp32(g)), one fp32 add (docs/formats.md §6)."""
+    acc = dequantize_blocks(codes, scales, table, spec, torch.float32) + g2d.to(torch.float32)
+    return quantize_blocks(acc, qmax, spec)
+
+
+def reduce_blocks(codes: torch.Tensor, scales: torch.Tensor, table: torch.Tensor, qmax: torch.Tensor,
+                  spec: FormatSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """codes uint8[W, bytes], scales fp32[W, NB] of whole blocks -> Q(((D0 + D1) + D2) + ...)."""
+    total = dequantize_blocks(codes[0], scales[0], table, spec, torch.float32)
+    for r in range(1, codes.shape[0]):
+        total = total + dequantize_blocks(codes[r], scales[r], table, spec, torch.float32)
+    return quantize_blocks(total, qmax, spec)
