@@ -16,6 +16,7 @@ in, so communication overlaps the rest of backward.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import struct
@@ -27,6 +28,7 @@ import torch.distributed as dist
 
 from agoq_core.api import check_supported
 from agoq_core.backend import check_same_backend_across_ranks, get_backend
+from agoq_core.formats.policy import default_gradient_format
 from agoq_core.errors import NonFiniteError
 from agoq_core.quangrad.collective import BucketOp, group_info, make_bucket_op
 from agoq_core.quangrad.config import QuanGradConfig
@@ -158,6 +160,12 @@ class QuanGradDDP(torch.nn.Module):
         if self.world_size > 1:  # first, so that a rank whose backend differs cannot strand the others
             check_same_backend_across_ranks(cfg.group, cfg.backend)
         self.backend = get_backend(cfg.backend)
+        if isinstance(cfg.fmt, str) and cfg.fmt.strip().lower() == "auto":
+            fmt, why = default_gradient_format(self.backend.capabilities())
+            cfg = dataclasses.replace(cfg, fmt=fmt)
+            if why and self.rank == 0:
+                log.warning("agoq QuanGrad: %s", why)
+        self.config = cfg
         spec = cfg.spec
 
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
