@@ -98,7 +98,8 @@ class QuanGradConfig:
 
     def __post_init__(self) -> None:
         spec = resolve_spec(self.fmt, self.block)  # validates fmt and block
-        object.__setattr__(self, "fmt", spec.name)
+        if not (isinstance(self.fmt, str) and self.fmt.strip().lower() == "auto"):  # QuanGradDDP resolves "auto"
+            object.__setattr__(self, "fmt", spec.name)
         if self.collective not in COLLECTIVES:
             raise ValueError(f"collective must be one of {', '.join(COLLECTIVES)}, got {self.collective!r}")
         if self.collective == "naive_fp8" and not spec.kind.startswith("fp8"):

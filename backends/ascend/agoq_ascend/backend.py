@@ -101,7 +101,7 @@ class AscendBackend(BackendBase):
         vendor.check_available(torch_npu, vopts)
         backend = cls(soc=soc, props=props, interpreted=False, vendor_options=vopts, torch_npu=torch_npu)
         if selftest.self_test_enabled():
-            selftest.run_self_test(backend, torch.device("npu", index))
+            selftest.run_self_test(backend, f"npu:{index}")
         return backend
 
     # ---- what it claims ------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ def self_test_vectors(block: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, gx
 
 
-def run_self_test(backend, device: torch.device) -> None:
+def run_self_test(backend, device: "torch.device | str") -> None:
     """Raise BackendUnavailableError if the backend's kernels on ``device`` differ from the reference."""
     failed = []
     for name in _CHECK_FORMATS:
@@ -58,7 +58,7 @@ def run_self_test(backend, device: torch.device) -> None:
         scales = torch.empty(spec.num_blocks(n), dtype=torch.float32, device=device)
         try:
             backend.quantize_into(x.to(device), spec, codes, scales)
-            qc, qs = codes.cpu(), scales.cpu()
+            qc, qs = codes.cpu().clone(), scales.cpu().clone()  # .cpu() is no copy on a CPU device
             backend.accumulate_(codes, scales, spec, gx.to(device))
             ac, as_ = codes.cpu(), scales.cpu()
         except Exception as exc:  # noqa: BLE001  (a compile or launch failure is a failed self-test)
