@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Iterable
 
 __all__ = ["FLOAT_CODE_FORMATS", "DEFAULT_GRADIENT_FORMAT", "INTEGER_GRADIENT_FORMAT", "default_gradient_format",
-           "hardware_candidates"]
+           "fp8_cast_unavailable", "hardware_candidates"]
 
 FLOAT_CODE_FORMATS = frozenset({"fp4_e2m1", "fp8_e4m3", "fp8_e5m2"})
 DEFAULT_GRADIENT_FORMAT = "fp8_e4m3"
@@ -41,6 +41,15 @@ def default_gradient_format(caps) -> tuple[str, str | None]:
             f"there instead of {DEFAULT_GRADIENT_FORMAT} (same 8 bits and block; pass fmt='{DEFAULT_GRADIENT_FORMAT}' "
             "to keep FP8 codes, which are still produced bit-exactly with integer logic)")
     return DEFAULT_GRADIENT_FORMAT, None
+
+
+def fp8_cast_unavailable(caps, fmt: str) -> str | None:
+    """Why torch's own FP8 casts (the naive FP8 all-reduce baseline uses them) cannot run on this device, or None."""
+    if _missing(caps, [fmt]):
+        return (f"{_device(caps)} has no FP8 units: torch's casts to {fmt} are not supported there (on Ascend A2/A3 "
+                "aclnnCast rejects FP8 dtypes), so the naive FP8 all-reduce baseline cannot run; QuanGrad itself "
+                "works (its FP8 codes are made with integer logic)")
+    return None
 
 
 def hardware_candidates(caps, candidates: Iterable[str]) -> tuple[tuple[str, ...], str | None]:

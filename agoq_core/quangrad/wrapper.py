@@ -28,7 +28,8 @@ import torch.distributed as dist
 
 from agoq_core.api import check_supported
 from agoq_core.backend import check_same_backend_across_ranks, get_backend
-from agoq_core.formats.policy import default_gradient_format
+from agoq_core.errors import CapabilityError
+from agoq_core.formats.policy import default_gradient_format, fp8_cast_unavailable
 from agoq_core.errors import NonFiniteError
 from agoq_core.quangrad.collective import BucketOp, group_info, make_bucket_op
 from agoq_core.quangrad.config import QuanGradConfig
@@ -165,6 +166,10 @@ class QuanGradDDP(torch.nn.Module):
             cfg = dataclasses.replace(cfg, fmt=fmt)
             if why and self.rank == 0:
                 log.warning("agoq QuanGrad: %s", why)
+        if cfg.collective == "naive_fp8":
+            why = fp8_cast_unavailable(self.backend.capabilities(), cfg.spec.name)
+            if why:
+                raise CapabilityError(f"QuanGradConfig(collective='naive_fp8'): {why}")
         self.config = cfg
         spec = cfg.spec
 

@@ -123,3 +123,19 @@ def test_quangrad_default_format_follows_the_device(interp_backend, caplog):
     ref_qg = QuanGradDDP(torch.nn.Linear(16, 4), lambda ps: torch.optim.SGD(ps, lr=0.1),
                          config=QuanGradConfig(backend="reference"))
     assert ref_qg.config.fmt == "fp8_e4m3"
+
+
+def test_fp8_cast_baseline_is_refused_without_fp8_units(interp_backend, monkeypatch):
+    from agoq_core.errors import CapabilityError
+    from agoq_core.quangrad import QuanGradConfig, QuanGradDDP
+    from agoq_core.train import agoq_arm
+    from agoq_core.train.config import TrainConfig
+
+    with pytest.raises(CapabilityError, match="no FP8 units.*naive FP8 all-reduce baseline cannot run"):
+        QuanGradDDP(torch.nn.Linear(8, 2), lambda ps: torch.optim.SGD(ps, lr=0.1),
+                    config=QuanGradConfig(backend=interp_backend, collective="naive_fp8", fmt="fp8_e4m3"))
+    import agoq_core.backend as core_backend
+
+    monkeypatch.setattr(core_backend, "get_backend", lambda *a, **k: interp_backend)
+    with pytest.raises(agoq_arm.ArmUnavailable, match="no FP8 units"):
+        agoq_arm.check_recipe("naive-fp8-allreduce", TrainConfig(nproc=2))
