@@ -18,7 +18,8 @@ Ascend tile geometry), it runs:
    annotation, unstructure, triton-to-hivm/hfusion/llvm, bubble-up, triton-to-linalg) and fails on any
    pass that rejects the kernel;
 4. checks the Triton IR for operations the Ascend path must not contain: floating-point division
-   (risk 1: the quotients are division-free), fp8 types, and unsigned int compares.
+   (risk 1: the quotients are division-free), fp8 types, and unsigned int compares; and that
+   reduce_requantize computes its rank offsets in int64.
 
 It stops before the device binary: that step needs CANN's ``bishengir-compile``, which the script looks for
 and reports (with it on PATH, ``--bishengir`` also runs the A2/A3 binary step). Exit status 0 iff every
@@ -142,6 +143,8 @@ def _compile(triton, op, fmt, dtype, ragged, adapter, keep, bishengir):
     for what, pat in _FORBIDDEN.items():
         if pat.search(ttir_text):
             problems.append(f"Triton IR contains {what}")
+    if op == "reduce_requantize" and not re.search(r"arith\.muli [^\n]*: i64", ttir_text):
+        problems.append("the rank offset r * codes_stride is not computed in int64 (it passes 2**31 for big chunks)")
     with tempfile.TemporaryDirectory() as tmp:
         src_path = Path(tmp) / "kernel.ttir.mlir"
         src_path.write_text(ttir_text)
