@@ -179,7 +179,7 @@ def _compile(triton, op, fmt, dtype, ragged, adapter, keep, bishengir):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="float32 only (32 variants instead of 192)")
+    ap.add_argument("--quick", action="store_true", help="float32 I/O only (64 variants instead of 160)")
     ap.add_argument("--keep", type=Path, help="write each variant's Triton IR and linalg IR here")
     ap.add_argument("--json", type=Path, help="write the results as JSON here")
     ap.add_argument("--bishengir", action="store_true",
