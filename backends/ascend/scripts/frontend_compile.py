@@ -28,6 +28,7 @@ variant passed. Nothing here needs or touches an NPU.
 from __future__ import annotations
 
 import argparse
+import inspect
 import itertools
 import json
 import os
@@ -89,9 +90,16 @@ def _variant_args(op: str, fmt: str, dtype: str, ragged: bool):
         sig = {"codes_ptr": "*i8", "scales_ptr": "*fp32", "lut_ptr": "*fp32", "codes_out_ptr": "*i8",
                "scales_out_ptr": "*fp32", **sizes, "world": "i32", "codes_stride": "i32", "scales_stride": "i32"}
         c.update(NF4_LUT=False, elut_ptr=None)
+    from agoq_triton_kernels import kernels as K
+
+    fn = getattr(K, f"{op}_kernel")
+    for prm in fn.params:  # parameters agoq-ascend leaves at their defaults (e.g. SCALE=0, ts_ptr=None)
+        if prm.name not in sig and prm.name not in c:
+            default = prm.default if prm.has_default else None
+            c[prm.name] = None if default is inspect.Parameter.empty else default
     for k in c:
         sig[k] = "constexpr"
-    return sig, c
+    return {p.name: sig[p.name] for p in fn.params}, c
 
 
 def _masked_mem_ops(ir_text: str) -> tuple[int, int]:
