@@ -92,3 +92,22 @@ def test_max_rows_setting(interp_backend, monkeypatch):
     monkeypatch.setenv("AGOQ_ASCEND_MAX_ROWS", "3")
     with pytest.raises(ValueError, match="AGOQ_ASCEND_MAX_ROWS='3' must be a power of two"):
         interp_backend.launcher.quantize(x, spec, codes, scales)
+
+
+def test_frontend_compile_counts_masked_accesses():
+    """frontend_compile.py's discrete-mask detector (the script itself needs triton-ascend; its IR parsing
+    does not): a mask is the second tt.load operand / the third tt.store operand."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "frontend_compile.py"
+    spec = importlib.util.spec_from_file_location("frontend_compile", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    before = ("%8 = tt.load %5, %3, %cst : tensor<1024x!tt.ptr<i32>>\n"
+              "tt.store %7, %8, %3 : tensor<1024x!tt.ptr<i32>>\n"
+              "%9 = tt.load %4 : tensor<1024x!tt.ptr<i32>>\n")
+    after = ("%8 = tt.load %5 : tensor<1024x!tt.ptr<i32>> loc(#loc1)\n"
+             "%10 = arith.select %3, %8, %cst : tensor<1024xi1>, tensor<1024xi32>\n"
+             "tt.store %7, %10 : tensor<1024x!tt.ptr<i32>>\n")
+    assert mod._masked_mem_ops(before) == (1, 1) and mod._masked_mem_ops(after) == (0, 0)
