@@ -110,6 +110,8 @@ def _run(args: argparse.Namespace) -> int:
     from agoq_core.planner.explain import parse_bytes, render_plan
 
     candidates = tuple(f.strip() for f in args.candidates.split(",") if f.strip())
+    from agoq_core.planner.plan import DEFAULT_CANDIDATES
+
     if args.candidates == ",".join(DEFAULT_CANDIDATES) and os.environ.get("AGOQ_BACKEND"):
         # default candidates on a named backend: drop float codes the device has no units for (Ascend A2/A3)
         from agoq_core.backend import get_backend

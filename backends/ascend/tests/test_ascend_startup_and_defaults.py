@@ -139,3 +139,20 @@ def test_fp8_cast_baseline_is_refused_without_fp8_units(interp_backend, monkeypa
     monkeypatch.setattr(core_backend, "get_backend", lambda *a, **k: interp_backend)
     with pytest.raises(agoq_arm.ArmUnavailable, match="no FP8 units"):
         agoq_arm.check_recipe("naive-fp8-allreduce", TrainConfig(nproc=2))
+
+
+def test_agoq_plan_default_candidates_follow_the_device(interp_backend, monkeypatch, capsys):
+    import json
+
+    from agoq_core.cli.main import main
+
+    monkeypatch.setenv("AGOQ_BACKEND", "ascend")
+    monkeypatch.setenv("AGOQ_ASCEND_INTERPRET", "1")  # the interpreter backend (an emulated A2: no FP8/FP4 units)
+    args = ["plan", "--stages", "2", "--microbatches", "4", "--schedule", "1f1b", "--model", "tiny", "--seq-len", "64",
+            "--activations", "formula", "--json"]
+    assert main(args) == 0
+    out = capsys.readouterr()
+    assert "no units for fp4_e2m1" in out.err
+    assert "fp4_e2m1" not in json.dumps(json.loads(out.out).get("stages_plan"))
+    assert main(args + ["--candidates", "int4,fp4_e2m1"]) == 0  # named explicitly: kept, no message
+    assert "no units" not in capsys.readouterr().err
