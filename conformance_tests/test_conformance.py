@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from agoq_conformance.golden import load_golden
 
@@ -44,3 +45,25 @@ def test_fused_gemm_case(case, agoq_ctx, pytestconfig):
     if rec["verdict"] == "skip":
         pytest.skip(rec["detail"])
     assert rec["verdict"] == "pass", rec["detail"]
+
+
+# Capability cases: the core's own paths (QuanGrad step + clipping) on the backend's device under a mode that
+# rejects float64 tensor ops (Ascend has none); compared by verdict.
+from agoq_conformance.capability import capability_cases, run_capability_case  # noqa: E402
+
+
+@pytest.mark.parametrize("case_id", capability_cases())
+def test_capability_case(case_id, agoq_ctx, pytestconfig):
+    rec = run_capability_case(case_id, agoq_ctx.backend, agoq_ctx.device)
+    pytestconfig._agoq_results.append(rec)
+    assert rec["verdict"] == "pass", rec["detail"]
+
+
+def test_no_float64_mode_rejects_a_float64_norm():
+    """Teeth: the mode catches what the core used to do (vector_norm(dtype=float64) on the device)."""
+    from agoq_conformance.capability import Float64OnDeviceError, NoFloat64Mode
+
+    with NoFloat64Mode(), pytest.raises(Float64OnDeviceError):
+        torch.linalg.vector_norm(torch.ones(4), 2, dtype=torch.float64)
+    with NoFloat64Mode():
+        torch.linalg.vector_norm(torch.ones(4), 2)  # fp32 is fine

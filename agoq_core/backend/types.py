@@ -89,6 +89,11 @@ class Capabilities:
     """Largest block size the kernels take (spec allows up to 2**20)."""
     notes: tuple[str, ...] = ()
     """Free-text facts worth showing users (e.g. "FP8 stored as bytes: no FP8 units on 910B")."""
+    native_float_formats: frozenset[str] | None = None
+    """Low-precision float codes (of fp4_e2m1, fp8_e4m3, fp8_e5m2) the device has arithmetic units for;
+    None = not restricted (CPU, GPUs). Ascend A2/A3 declare none: every format still works (codes are made
+    with integer logic), but defaults avoid them there (agoq_core.formats.policy): QuanGrad stores int8,
+    the planner's default candidates drop fp4_e2m1, each with the reason logged."""
 
     def __post_init__(self) -> None:
         unknown = set(self.ops) - OPS
@@ -107,4 +112,5 @@ class Capabilities:
             "input_dtypes": sorted(str(d) for d in self.input_dtypes),
             "max_block": self.max_block,
             "notes": list(self.notes),
+            "native_float_formats": None if self.native_float_formats is None else sorted(self.native_float_formats),
         }

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import types
 
 
@@ -108,10 +109,21 @@ def _run(args: argparse.Namespace) -> int:
                            f"64xA6000 --inter 200Gbps --tp 8 --pp 4 --dp 2)")
     from agoq_core.planner.explain import parse_bytes, render_plan
 
+    candidates = tuple(f.strip() for f in args.candidates.split(",") if f.strip())
+    from agoq_core.planner.plan import DEFAULT_CANDIDATES
+
+    if args.candidates == ",".join(DEFAULT_CANDIDATES) and os.environ.get("AGOQ_BACKEND"):
+        # default candidates on a named backend: drop float codes the device has no units for (Ascend A2/A3)
+        from agoq_core.backend import get_backend
+        from agoq_core.formats.policy import hardware_candidates
+
+        candidates, why = hardware_candidates(get_backend().capabilities(), candidates)
+        if why:
+            print(f"agoq plan: {why}", file=sys.stderr)
     options = dict(
         schedule=args.schedule, stages=args.stages, microbatches=args.microbatches, chunks=args.chunks,
         microbatch_size=args.microbatch_size, seq_len=args.seq_len,
-        candidates=tuple(f.strip() for f in args.candidates.split(",") if f.strip()),
+        candidates=candidates,
         baseline_format=args.baseline, granularity=args.granularity,
         budget_bytes=parse_bytes(args.budget_bytes) if args.budget_bytes is not None else None,
         activation_budget_bytes=(parse_bytes(args.activation_budget_bytes)

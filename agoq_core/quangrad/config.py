@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from agoq_core.formats.policy import DEFAULT_GRADIENT_FORMAT
 from agoq_core.formats.spec import FormatSpec, get_format
 
 __all__ = ["QuanGradConfig", "GRADIENT_FORMATS", "DEFAULT_BLOCK", "DEFAULT_MIN_COMPRESS_BYTES", "COLLECTIVES",
@@ -34,6 +35,8 @@ DEFAULT_MIN_COMPRESS_BYTES = 1 << 20
 def resolve_spec(fmt: str | FormatSpec, block: int | None) -> FormatSpec:
     """The FormatSpec QuanGrad uses for ``fmt``: an 8-bit gradient format with block 256 unless given."""
     name = fmt.name if isinstance(fmt, FormatSpec) else fmt
+    if isinstance(name, str) and name.strip().lower() == "auto":
+        name = DEFAULT_GRADIENT_FORMAT  # device-independent meaning; QuanGradDDP resolves it per backend
     if not isinstance(name, str) or name.strip().lower() not in GRADIENT_FORMATS:
         raise ValueError(
             f"QuanGrad stores and sends 8-bit gradients: fmt must be one of {', '.join(GRADIENT_FORMATS)}, "
@@ -52,9 +55,10 @@ class QuanGradConfig:
     shape the wire format, and ranks that disagree fail at setup).
     """
 
-    fmt: str = "fp8_e4m3"
-    """Gradient storage and wire format: "fp8_e4m3" (default), "fp8_e5m2", "int8" or "mxfp8" (OCP MX: block 32
-    with power-of-two scales; ``block`` does not apply to it)."""
+    fmt: str = "auto"
+    """Gradient storage and wire format: "fp8_e4m3", "fp8_e5m2", "int8" or "mxfp8" (OCP MX: block 32 with
+    power-of-two scales; ``block`` does not apply to it). "auto" (default): fp8_e4m3, or int8 on a device
+    without FP8 units (Ascend A2/A3; agoq_core.formats.policy, the reason is logged)."""
     block: int = DEFAULT_BLOCK
     """Elements per fp32 scale (a positive multiple of 8)."""
     collective: Literal["quangrad", "fp32", "bf16", "naive_fp8"] = "quangrad"
@@ -94,7 +98,8 @@ class QuanGradConfig:
 
     def __post_init__(self) -> None:
         spec = resolve_spec(self.fmt, self.block)  # validates fmt and block
-        object.__setattr__(self, "fmt", spec.name)
+        if not (isinstance(self.fmt, str) and self.fmt.strip().lower() == "auto"):  # QuanGradDDP resolves "auto"
+            object.__setattr__(self, "fmt", spec.name)
         if self.collective not in COLLECTIVES:
             raise ValueError(f"collective must be one of {', '.join(COLLECTIVES)}, got {self.collective!r}")
         if self.collective == "naive_fp8" and not spec.kind.startswith("fp8"):

@@ -16,8 +16,10 @@ in, so communication overlaps the rest of backward.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
+import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -26,6 +28,8 @@ import torch.distributed as dist
 
 from agoq_core.api import check_supported
 from agoq_core.backend import check_same_backend_across_ranks, get_backend
+from agoq_core.errors import CapabilityError
+from agoq_core.formats.policy import default_gradient_format, fp8_cast_unavailable
 from agoq_core.errors import NonFiniteError
 from agoq_core.quangrad.collective import BucketOp, group_info, make_bucket_op
 from agoq_core.quangrad.config import QuanGradConfig
@@ -100,6 +104,31 @@ class QuanGradReport:
         return "\n".join(lines)
 
 
+def sum_of_squares(x: torch.Tensor) -> float:
+    """sum(x**2) of a (device) tensor as a host float, with fp32 device arithmetic only.
+
+    Ascend's vector units (and its norm operator) have no float64, so the core never asks a device for it:
+    the squares are summed in fp32 on the device (relative error ~1e-7, ample for clipping) and returned as
+    a Python float, which callers combine in fp64. When the fp32 sum overflows or underflows, or x holds
+    NaN/Inf, it is redone on x scaled by a power of two near 1/max|x| (exact), rescaled on the host; NaN/Inf
+    in x give NaN/Inf."""
+    if x.numel() == 0:
+        return 0.0
+    xf = x.detach().reshape(-1)
+    if xf.dtype != torch.float32:
+        xf = xf.float()
+    s = float(torch.sum(xf * xf))
+    if math.isfinite(s) and s >= 2.0 ** -100:
+        return s
+    m = float(xf.abs().amax())
+    if m == 0.0 or not math.isfinite(m):
+        return m * m if m == m else float("nan")
+    e = math.frexp(m)[1]  # 2**(e-1) <= m < 2**e; two factors keep each scaling a normal fp32 number
+    h = -(e // 2)
+    y = (xf * (2.0 ** h)) * (2.0 ** (-e - h))
+    return float(torch.sum(y * y)) * 2.0 ** (2 * e)
+
+
 class QuanGradDDP(torch.nn.Module):
     """Data parallelism with 8-bit gradient storage and QuanGrad's precision-preserving all-reduce.
 
@@ -132,6 +161,16 @@ class QuanGradDDP(torch.nn.Module):
         if self.world_size > 1:  # first, so that a rank whose backend differs cannot strand the others
             check_same_backend_across_ranks(cfg.group, cfg.backend)
         self.backend = get_backend(cfg.backend)
+        if isinstance(cfg.fmt, str) and cfg.fmt.strip().lower() == "auto":
+            fmt, why = default_gradient_format(self.backend.capabilities())
+            cfg = dataclasses.replace(cfg, fmt=fmt)
+            if why and self.rank == 0:
+                log.warning("agoq QuanGrad: %s", why)
+        if cfg.collective == "naive_fp8":
+            why = fp8_cast_unavailable(self.backend.capabilities(), cfg.spec.name)
+            if why:
+                raise CapabilityError(f"QuanGradConfig(collective='naive_fp8'): {why}")
+        self.config = cfg
         spec = cfg.spec
 
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
@@ -325,24 +364,25 @@ class QuanGradDDP(torch.nn.Module):
         self._reset_window()
 
     def _global_norm(self, mult: float) -> float:
-        """L2 norm of the reduced gradient x ``mult``: per-bucket sums of squares accumulated in fp64, added
-        in bucket order (and in rank order for the shards), so every rank computes the same float."""
-        def sq(x: torch.Tensor) -> float:
-            return float(torch.linalg.vector_norm(x, 2, dtype=torch.float64)) ** 2
-
+        """L2 norm of the reduced gradient x ``mult``: per-bucket sums of squares computed on the device in
+        fp32 (NPUs have no fp64 vector ops: :func:`sum_of_squares`), combined in fp64 on the host in bucket
+        order (and in rank order for the shards, exchanged as bytes), so every rank computes the same float."""
         if self.config.sharded:
-            local = torch.tensor([sum(sq(op.shard) for op in self._ops)], dtype=torch.float64, device=self.device)
-            parts = local
+            local = sum(sum_of_squares(op.shard) for op in self._ops)
+            parts = [local]
             if self.world_size > 1:
-                parts = torch.empty(self.world_size, dtype=torch.float64, device=self.device)
-                self.backend.all_gather_bytes(parts, local, group=self.config.group)
+                mine = torch.frombuffer(bytearray(struct.pack("<d", local)), dtype=torch.uint8).to(self.device)
+                out = torch.empty(8 * self.world_size, dtype=torch.uint8, device=self.device)
+                self.backend.all_gather_bytes(out, mine, group=self.config.group)
+                raw = bytes(out.cpu().tolist())
+                parts = [struct.unpack_from("<d", raw, 8 * r)[0] for r in range(self.world_size)]
             total = 0.0
-            for v in parts.tolist():  # rank order: every rank adds the same numbers in the same order
+            for v in parts:  # rank order: every rank adds the same numbers in the same order
                 total += v
         else:
             total = 0.0
             for bi in range(len(self.layout.buckets)):
-                total += sq(self.storage.bucket_fp32(bi))
+                total += sum_of_squares(self.storage.bucket_fp32(bi))
         total *= mult * mult
         return math.sqrt(total) if total >= 0 else float("nan")
 

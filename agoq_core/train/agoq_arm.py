@@ -39,6 +39,13 @@ def check_recipe(name: str, cfg: TrainConfig) -> Recipe:
         # QuanGrad reduces nothing in a one-process group, so this arm would be the agoq arm again.
         raise ArmUnavailable("the naive FP8 all-reduce differs from QuanGrad's only when gradients are summed "
                              "across data-parallel ranks; run it with --nproc 2 or more (and --pp 1)")
+    if recipe.quangrad and recipe.quangrad.get("collective") == "naive_fp8":
+        from agoq_core.backend import get_backend
+        from agoq_core.formats.policy import fp8_cast_unavailable
+
+        why = fp8_cast_unavailable(get_backend().capabilities(), recipe.quangrad["fmt"])
+        if why:  # Ascend A2/A3: the baseline's torch FP8 casts do not exist there
+            raise ArmUnavailable(why)
     if cfg.pp > 1 and (recipe.laaq is None or recipe.quangrad is None):
         raise ArmUnavailable(f"the {name} arm is not set up for --pp (it runs without pipelining)")
     return recipe

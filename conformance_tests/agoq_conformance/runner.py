@@ -210,11 +210,14 @@ def run_suite(backend: str | None = None, *, device: str | None = None, select: 
     cases = [c for c in ctx.golden["cases"] if select is None or fnmatch.fnmatch(c["id"], select)]
     from agoq_conformance.fused_gemm import fusion_cases, run_fusion_case
 
+    from agoq_conformance.capability import capability_cases, run_capability_case
+
     fused = [c for c in fusion_cases() if select is None or fnmatch.fnmatch(c.id, select)]
-    if not cases and not fused:
+    caps = [c for c in capability_cases() if select is None or fnmatch.fnmatch(c, select)]
+    if not cases and not fused and not caps:
         raise ValueError(f"no conformance case matches {select!r}")
     results = []
-    total = len(cases) + len(fused)
+    total = len(cases) + len(fused) + len(caps)
     for i, case in enumerate(cases):
         results.append(ctx.run(case))
         if progress:
@@ -223,4 +226,8 @@ def run_suite(backend: str | None = None, *, device: str | None = None, select: 
         results.append(run_fusion_case(fcase, ctx.backend, ctx.device))
         if progress:
             progress(len(cases) + j + 1, total, results[-1])
+    for k, cid in enumerate(caps):  # the core's own paths under a no-float64 mode (Ascend has no fp64)
+        results.append(run_capability_case(cid, ctx.backend, ctx.device))
+        if progress:
+            progress(len(cases) + len(fused) + k + 1, total, results[-1])
     return summarize(ctx, results, select=select, command=command)

@@ -66,7 +66,8 @@ def test_grad_norm_and_clipping_match_torch_on_the_stored_gradient():
     stored = [qg.gradient(n).clone() for n in qg.param_names]
     rep = qg.step()
     want = torch.linalg.vector_norm(torch.cat([g.reshape(-1).double() for g in stored]))
-    assert rep.grad_norm == pytest.approx(float(want), rel=1e-12)
+    # fp32 sums of squares per bucket on the device (no float64 there: Ascend), combined in fp64 on the host
+    assert rep.grad_norm == pytest.approx(float(want), rel=1e-6)
     assert rep.clip_coef == pytest.approx(0.01 / (float(want) + 1e-6))
 
 

@@ -241,7 +241,8 @@ def test_config_validates(kwargs, match):
 
 def test_config_defaults():
     cfg = QuanGradConfig()
-    assert (cfg.fmt, cfg.block, cfg.collective, cfg.spec.block) == ("fp8_e4m3", 256, "quangrad", 256)
+    # "auto": fp8_e4m3 unless the device has no FP8 units (QuanGradDDP resolves it per backend; issue 20)
+    assert (cfg.fmt, cfg.spec.name, cfg.block, cfg.collective, cfg.spec.block) == ("auto", "fp8_e4m3", 256, "quangrad", 256)
     assert QuanGradConfig(fmt="INT8").spec == get_format("int8", 256)
     with pytest.raises(Exception):
         cfg.fmt = "int8"  # frozen

@@ -15,6 +15,7 @@ Two modes, fixed when the backend is created:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from typing import Any
 
@@ -24,10 +25,12 @@ from agoq_core.backend import BackendBase, Capabilities
 from agoq_core.errors import BackendUnavailableError
 from agoq_core.formats.spec import list_formats
 from agoq_ascend import device as npu_device
-from agoq_ascend import plugin, vendor
+from agoq_ascend import plugin, selftest, vendor
 from agoq_ascend.geometry import DeviceProps, max_block
 from agoq_ascend.launch import is_interpreted, launcher
 from agoq_ascend.soc import INTERPRETER_SOC, SocInfo
+
+log = logging.getLogger("agoq.ascend")
 
 __all__ = ["AscendBackend", "INTERPRET_CORES_DEFAULT"]
 
@@ -88,9 +91,18 @@ class AscendBackend(BackendBase):
                 "TRITON_INTERPRET=1 is set but AGOQ_ASCEND_INTERPRET is not: on an NPU unset TRITON_INTERPRET; to run "
                 "the kernels on CPU set AGOQ_ASCEND_INTERPRET=1 as well")
         index = torch_npu.npu.current_device()
+        local_rank = os.environ.get("LOCAL_RANK", "").strip()
+        if local_rank.isdigit() and int(local_rank) != index:
+            log.warning("agoq-ascend: LOCAL_RANK=%s but the current NPU is %d: every rank of this node may be using "
+                        "NPU %d. Call torch.npu.set_device(int(os.environ['LOCAL_RANK'])) before the first AGoQ call "
+                        "(or before init_process_group)", local_rank, index, index)
         soc, props = npu_device.query_device(torch_npu, index)
-        return cls(soc=soc, props=props, interpreted=False, vendor_options=vendor.VendorOptions.from_env(),
-                   torch_npu=torch_npu)
+        vopts = vendor.VendorOptions.from_env()
+        vendor.check_available(torch_npu, vopts)
+        backend = cls(soc=soc, props=props, interpreted=False, vendor_options=vopts, torch_npu=torch_npu)
+        if selftest.self_test_enabled():
+            selftest.run_self_test(backend, f"npu:{index}")
+        return backend
 
     # ---- what it claims ------------------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
@@ -118,6 +130,8 @@ class AscendBackend(BackendBase):
             input_dtypes=_INPUT_DTYPES,
             max_block=self._max_block,
             notes=tuple(notes),
+            # A2/A3 (and the interpreter, which emulates an A2) have no FP8/FP4 units; the 950 has both
+            native_float_formats=frozenset({"fp8_e4m3", "fp8_e5m2", "fp4_e2m1"}) if self.soc.fp8_native else frozenset(),
         )
 
     def known_deviations(self) -> dict[str, str]:

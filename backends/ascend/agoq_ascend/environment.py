@@ -15,8 +15,15 @@ Checks (all run, so one message lists every missing piece):
    other's files).
 3. CANN is loaded: ``ASCEND_HOME_PATH`` or ``ASCEND_TOOLKIT_HOME`` points at a directory, a
    ``set_env.sh`` can be found, and ``libascendcl.so`` / ``libhccl.so`` are on ``LD_LIBRARY_PATH``.
-4. The driver is there: ``npu-smi`` on ``PATH`` and ``/dev/davinci*`` device nodes, not hidden by
-   ``ASCEND_RT_VISIBLE_DEVICES``.
+   Libraries in the dynamic loader's cache count as found (containers register CANN there), and a library
+   found nowhere is only a warning once CANN itself is loaded. The CANN version is read from its version
+   files and reported; a torch_npu / triton-ascend / CANN combination outside the published tables is a
+   warning. CANN's ``bishengir-compile`` must be on ``PATH`` (triton-ascend compiles every kernel with it).
+4. The driver is there: ``/dev/davinci*`` device nodes, not hidden by ``ASCEND_RT_VISIBLE_DEVICES``;
+   ``npu-smi`` on ``PATH`` (a warning only when the device nodes exist: containers often lack it).
+
+Machines without CANN: torch_npu registers a ``torch.backends`` entry point, so ``import torch`` imports it
+and fails there; ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` turns that off (docs/backends/ascend.md).
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ import os
 import re
 import shutil
 import sys
+from ctypes.util import find_library
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
@@ -44,9 +52,11 @@ class Finding:
     ok: bool
     what: str
     fix: str = ""
+    warning: bool = False
+    """ok, but worth saying (an untested version combination, a library found off LD_LIBRARY_PATH ...)."""
 
     def line(self) -> str:
-        return f"{self.name}: {self.what}" + ("" if self.ok else f" -> fix: {self.fix}")
+        return f"{self.name}: {self.what}" + ("" if self.ok and not self.fix else f" -> fix: {self.fix}")
 
 
 def torch_release(version: str) -> str:
@@ -172,15 +182,104 @@ def _check_cann(env: Mapping[str, str], roots: Sequence[str]) -> list[Finding]:
     for lib, package in (("libascendcl.so", "runtime"), ("libhccl.so", "HCCL")):
         on_ld = [d for d in ld if os.path.isfile(os.path.join(d, lib))]
         elsewhere = [d for d in extra if os.path.isfile(os.path.join(d, lib))]
+        cached = find_library(lib.removeprefix("lib").removesuffix(".so"))
         if on_ld:
             out.append(Finding(lib, True, f"{lib} in {on_ld[0]}"))
+        elif cached:
+            # containers often register CANN in the loader cache (/etc/ld.so.conf.d) instead of LD_LIBRARY_PATH
+            out.append(Finding(lib, True, f"{lib} in the dynamic loader's cache ({cached})"))
         elif elsewhere:
-            out.append(Finding(lib, False, f"{lib} is in {elsewhere[0]} but not on LD_LIBRARY_PATH (torch_npu loads "
-                               "it by name)", lib_fix))
+            out.append(Finding(lib, True, f"{lib} is in {elsewhere[0]} but neither on LD_LIBRARY_PATH nor in the loader "
+                               "cache; torch_npu loads it by name, which works only if something else (an RPATH, a "
+                               "container hook) finds it", lib_fix, warning=True))
+        elif cann_ok:
+            out.append(Finding(lib, True, f"{lib} not found on LD_LIBRARY_PATH, in the loader cache or under the CANN "
+                               f"home (CANN {package} package); if torch_npu's import fails with '{lib}: cannot open "
+                               "shared object file', that is why", lib_fix, warning=True))
         else:
             out.append(Finding(lib, False, f"{lib} not found (CANN {package} package; torch_npu's import fails "
                                f"with '{lib}: cannot open shared object file')", lib_fix))
+    out += _check_cann_version(homes)
     return out
+
+
+def cann_version(homes: Sequence[tuple[str, str]]) -> str | None:
+    """CANN version from the toolkit's version files (``<home>/{,compiler/,runtime/}version.info``: Version=8.3.RC1;
+    ``<home>/version.cfg``), or None."""
+    for _, home in homes:
+        for rel in ("version.info", "compiler/version.info", "runtime/version.info", "toolkit/version.info"):
+            f = os.path.join(home, rel)
+            if os.path.isfile(f):
+                m = re.search(r"^\s*[Vv]ersion\s*=\s*([0-9][\w.\-]*)", _read(f), re.M)
+                if m:
+                    return m.group(1)
+        f = os.path.join(home, "version.cfg")
+        if os.path.isfile(f):
+            m = re.search(r"version\s*=\s*\[?([0-9][\w.\-]*)", _read(f))
+            if m:
+                return m.group(1)
+    return None
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read(65536)
+    except OSError:
+        return ""
+
+
+# Published pairings (triton-ascend README: 3.2.0 <-> CANN 8.5.0, 3.2.0rc4 <-> CANN 8.3.RC1/RC2; Ascend/pytorch
+# COMPATIBILITY.md, e.g. torch_npu 2.12.0 <-> CANN 9.1.0). Prefixes: a CANN "8.5.0.1" matches "8.5.0".
+TRITON_ASCEND_CANN = {"3.2.0": ("8.5.0",), "3.2.0rc4": ("8.3.RC1", "8.3.RC2")}
+TORCH_NPU_CANN = {"2.12.0": ("9.1.0",)}
+
+
+def _cann_matches(version: str, wanted: Sequence[str]) -> bool:
+    return any(version == w or version.startswith(w + ".") for w in wanted)
+
+
+def compatibility_warnings(cann: str | None, triton_ascend: str | None, torch_npu: str | None) -> list[str]:
+    """Combinations outside the published tables, one line each (warnings: newer releases may be fine)."""
+    out = []
+    if cann is None:
+        return out
+    if triton_ascend in TRITON_ASCEND_CANN and not _cann_matches(cann, TRITON_ASCEND_CANN[triton_ascend]):
+        out.append(f"triton-ascend {triton_ascend} is published for CANN {' / '.join(TRITON_ASCEND_CANN[triton_ascend])}, "
+                   f"this is CANN {cann}")
+    npu = torch_release(torch_npu) if torch_npu else None
+    if npu in TORCH_NPU_CANN and not _cann_matches(cann, TORCH_NPU_CANN[npu]):
+        out.append(f"torch_npu {torch_npu} is published for CANN {' / '.join(TORCH_NPU_CANN[npu])}, this is CANN {cann}")
+    return out
+
+
+def _check_cann_version(homes: Sequence[tuple[str, str]]) -> list[Finding]:
+    if not homes:
+        return []
+    ver = cann_version(homes)
+    if ver is None:
+        return [Finding("CANN version", True, "CANN version unknown (no version.info / version.cfg under "
+                        f"{homes[0][1]})", warning=True)]
+    return [Finding("CANN version", True, f"CANN {ver}")]
+
+
+def _check_bishengir(env: Mapping[str, str], which: Callable[[str], str | None]) -> list[Finding]:
+    """triton-ascend compiles every kernel with CANN's bishengir-compile (found on PATH, or as
+    $TRITON_NPU_COMPILER_PATH/npuc): without it no kernel compiles."""
+    homes = [(v, env[v]) for v in ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME") if env.get(v)]
+    hit = which("bishengir-compile")
+    root = env.get("TRITON_NPU_COMPILER_PATH")
+    if hit is None and root and os.path.isfile(os.path.join(root, "npuc")):
+        hit = os.path.join(root, "npuc")
+    if hit:
+        return [Finding("bishengir-compile", True, f"bishengir-compile at {hit}")]
+    under = [os.path.join(h, sub, "bishengir-compile") for _, h in homes
+             for sub in ("bin", "compiler/bishengir/bin", "tools/bishengir/bin")]
+    found = next((f for f in under if os.path.isfile(f)), None)
+    fix = (f"export PATH={os.path.dirname(found)}:$PATH" if found else
+           "install the CANN toolkit (it ships bishengir-compile) and source its set_env.sh, which puts it on PATH")
+    return [Finding("bishengir-compile", False, "bishengir-compile (CANN's BiSheng compiler, which triton-ascend runs "
+                    "for every kernel) is not on PATH" + (f"; it is at {found}" if found else ""), fix)]
 
 
 def _check_driver(env: Mapping[str, str], which: Callable[[str], str | None], dev_glob: str) -> list[Finding]:
@@ -188,12 +287,13 @@ def _check_driver(env: Mapping[str, str], which: Callable[[str], str | None], de
     smi = which("npu-smi")
     if smi:
         out.append(Finding("npu-smi", True, f"npu-smi at {smi}"))
-    else:
-        out.append(Finding("npu-smi", False, "npu-smi is not on PATH (no Ascend driver on this machine, or not "
-                           "mounted into this container)",
-                           "install the Ascend NPU driver and firmware (or run the container with "
-                           "/usr/local/Ascend/driver and /dev/davinci* mounted)"))
     nodes = sorted(glob.glob(dev_glob))
+    if not smi:
+        # torch_npu does not need npu-smi; a container with /dev/davinci* and the driver libraries works without it
+        out.append(Finding("npu-smi", bool(nodes), "npu-smi is not on PATH (no Ascend driver on this machine, or not "
+                           "mounted into this container)" + ("; not needed: device nodes are present" if nodes else ""),
+                           "install the Ascend NPU driver and firmware (or run the container with "
+                           "/usr/local/Ascend/driver and /dev/davinci* mounted)", warning=bool(nodes)))
     vis = env.get("ASCEND_RT_VISIBLE_DEVICES")
     if not nodes:
         out.append(Finding("devices", False, f"no NPU device node ({dev_glob})",
@@ -218,18 +318,28 @@ def check_environment(*, env: Mapping[str, str] | None = None, path: Sequence[st
 
         torch_version = torch_version or torch.__version__
         torch_cuda = getattr(torch.version, "cuda", None) if torch_cuda == "<detect>" else torch_cuda
-    return (_check_torch_npu(path, torch_version, torch_cuda) + _check_triton(path) + _check_cann(env, cann_roots)
-            + _check_driver(env, which, dev_glob))
+    found = (_check_torch_npu(path, torch_version, torch_cuda) + _check_triton(path) + _check_cann(env, cann_roots)
+             + _check_bishengir(env, which) + _check_driver(env, which, dev_glob))
+    cann = next((f.what.removeprefix("CANN ") for f in found if f.name == "CANN version" and not f.warning), None)
+    ta, npu = _dist("triton-ascend", path), _dist("torch-npu", path)
+    for w in compatibility_warnings(cann, ta.version if ta else None, npu.version if npu else None):
+        found.append(Finding("compatibility", True, w + " (outside the published compatibility tables)",
+                             "install the pairing from triton-ascend's README / Ascend/pytorch COMPATIBILITY.md if "
+                             "compilation or import fails", warning=True))
+    return found
 
 
 def summarize(findings: Sequence[Finding]) -> str:
-    """One message: every missing piece with its fix, then what is fine."""
+    """One message: every missing piece with its fix, then warnings, then what is fine."""
     bad = [f for f in findings if not f.ok]
-    good = [f for f in findings if f.ok]
+    warn = [f for f in findings if f.ok and f.warning]
+    good = [f for f in findings if f.ok and not f.warning]
     if not bad:
-        return "Ascend environment complete: " + "; ".join(f.what for f in good)
+        return "Ascend environment complete: " + "; ".join(f.what for f in good) + "".join(
+            f"\n  warning: {f.line()}" for f in warn)
     lines = [f"the Ascend runtime is incomplete ({len(bad)} problem{'s' * (len(bad) > 1)}):"]
     lines += [f"  - {f.line()}" for f in bad]
+    lines += [f"  warning: {f.line()}" for f in warn]
     if good:
         lines.append("  found: " + "; ".join(f.what for f in good))
     lines.append(f"  (install guide: {DOCS}; to run the kernels on CPU instead: "

@@ -145,8 +145,19 @@ def _store(dtype: str) -> list[tuple[str, int, int]]:
 
 
 _TILE = [("element offsets", 1, _I32), ("element mask", 1, _BOOL)]
-_QUANTIZE = [("bits", 1, _I32), ("exponent", 1, _I32), ("finite & normal", 1, _BOOL), ("kept |bits|", 1, _I32),
-             ("kept x", 1, _F32), ("v = x / scale", 1, _F32), ("codes", 1, _I32)]
+# The portable block quantizer (kernels.quantize_tile, FAST_DIV=False): |x|, the flush mask, the kept x and
+# the x - x row-sum operand, then the division-free quotient (codes.exact_quotient): the scaled |x|, the
+# first quotient and its 12-bit head, the Newton remainder, the corrected quotient, its split, the four-term
+# exact remainder, the ulp above and below, the two threshold products and compares, the corrected and the
+# selected quotient, the signed v, and the codes. Peak liveness, not every SSA value: the compiler reuses the
+# rest (an underestimate shows as "ub overflow" at compile time: the launcher then halves the rows).
+_QUANTIZE = ([("|x|", 1, _F32), ("flush mask", 1, _BOOL), ("kept x", 1, _F32), ("x - x", 1, _F32),
+              ("scaled |x|", 1, _F32), ("q head bits", 1, _I32), ("q", 1, _F32), ("remainder", 1, _F32),
+              ("q corrected", 1, _F32), ("q head", 1, _F32), ("q tail", 1, _F32)]
+             + [("exact remainder term", 1, _F32)] * 4
+             + [("ulp bits", 1, _I32), ("ulp above", 1, _F32), ("ulp below", 1, _F32), ("thresholds", 1, _F32),
+                ("compare", 1, _BOOL), ("compare", 1, _BOOL), ("q +- ulp", 1, _F32), ("v", 1, _F32),
+                ("codes", 1, _I32)])
 _ENCODE = {
     "int": [("clamped v", 1, _F32), ("rounded v", 1, _F32)],
     "fp4_e2m1": [("|v|", 1, _F32), ("threshold count", 1, _I32), ("threshold compare", 1, _BOOL)],
@@ -167,15 +178,30 @@ _DECODE = {
 _DECODE["fp8_e5m2"] = _DECODE["fp8_e4m3"]
 
 
+def _pair_tiles(g: int, what: str) -> list[tuple[str, int, int]]:
+    """The tl.reshape / tl.split (or tl.join) intermediates between a [rows, lanes] tile and its G group
+    sub-tiles: tiles whose innermost axis has 2 elements, which the compiler pads to a whole 32-byte unit
+    per pair (8 bytes used of 32). Level m (innermost 2 x ... x 2, m axes) holds G / 2**m tiles of lanes / 2
+    pairs... expressed as (name, lanes per 32-byte unit, 32)."""
+    out = []
+    tiles, pairs_div = 1, 2  # the reshaped tile: lanes / 2 pairs
+    while pairs_div <= g:
+        out += [(f"{what} pair tile (padded)", pairs_div, 32)] * tiles
+        tiles, pairs_div = tiles * 2, pairs_div * 2
+    return out
+
+
 def _pack(bits: int) -> list[tuple[str, int, int]]:
-    """Buffers of _store_codes: G codes per group split into G sub-tiles of lanes/G, the packed word(s),
-    one int8 tile per output byte, plus the group offsets and mask."""
+    """Buffers of store_codes: the reshape/split tree (pair tiles padded to 32 bytes), G sub-tiles of
+    lanes/G, the packed word(s), one int8 tile per output byte with the int16 temporary of its int32 ->
+    int8 cast, plus the group offsets and mask."""
     g = _PACK_GROUP[bits]
     if g == 1:
-        return [("code bytes", 1, _I8)]
+        return [("code bytes", 1, _I8), ("int8 cast temporary", 1, _I16)]
     words = 2 if bits == 5 else 1
     nbytes = g * bits // 8
-    return ([("group code", g, _I32)] * g + [("packed word", g, _I32)] * words + [("packed byte", g, _I8)] * nbytes
+    return (_pair_tiles(g, "split") + [("group code", g, _I32)] * g + [("packed word", g, _I32)] * words
+            + [("packed byte", g, _I8), ("int8 cast temporary", g, _I16)] * nbytes
             + [("group offsets", g, _I32), ("group mask", g, _BOOL)])
 
 
@@ -187,11 +213,7 @@ def _unpack(bits: int) -> list[tuple[str, int, int]]:
         return [("code bytes", 1, _I8), ("codes", 1, _I32)]
     words = 2 if bits == 5 else 1
     nbytes = g * bits // 8
-    joins = []  # the tl.join tree below the final [rows, lanes]: G/2 tiles of 2*lanes/G, G/4 of 4*lanes/G ...
-    width, count = g // 2, g // 2
-    while count >= 2:
-        joins += [("join partial", width, _I32)] * count
-        width, count = width // 2, count // 2
+    joins = _pair_tiles(g, "join")  # the tl.join tree below the final [rows, lanes], innermost axis 2: padded
     return ([("loaded byte", g, _I8)] * nbytes + [("widened byte", g, _I32)] * nbytes
             + [("unpacked word", g, _I32)] * words + [("group code", g, _I32)] * g + joins
             + [("codes", 1, _I32), ("group offsets", g, _I32), ("group mask", g, _BOOL)])

@@ -9,12 +9,17 @@ option.
 """
 from __future__ import annotations
 
+import logging
+import os
+
 import torch
 
 from agoq_ascend.geometry import DeviceProps, compile_options, plan_launch
 from agoq_triton_kernels.launch import Launch, Launcher, is_interpreted
 
-__all__ = ["AscendGeometry", "Launcher", "launcher", "is_interpreted"]
+__all__ = ["AscendGeometry", "Launcher", "launcher", "is_interpreted", "max_rows_setting"]
+
+log = logging.getLogger("agoq.ascend")
 
 _DTYPE_NAME = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -29,6 +34,8 @@ class AscendGeometry:
 
     def __init__(self, props: DeviceProps):
         self.props = props
+        self.learned_caps: dict[tuple, int] = {}
+        """rows caps learned from "ub overflow" compile errors, per (op, kind, bits, block, dtype)."""
 
     def hw(self, device: torch.device, requested: bool | None) -> bool:
         # HW=True is CUDA sm_89+ only (hardware fp8/bf16 converts, an FMA-based quotient): A2/A3 have no FP8,
@@ -40,11 +47,49 @@ class AscendGeometry:
 
     def plan(self, op: str, spec, numel: int, io_dtype: torch.dtype, device: torch.device, *,
              rows: int | None, programs: int | None) -> Launch:
-        p = plan_launch(op=op, numel=numel, kind=spec.kind, bits=spec.bits, block=spec.block, device=self.props,
-                        io_dtype=_DTYPE_NAME[io_dtype], rows=rows, programs=programs)
+        kw = dict(op=op, numel=numel, kind=spec.kind, bits=spec.bits, block=spec.block, device=self.props,
+                  io_dtype=_DTYPE_NAME[io_dtype], programs=programs)
+        p = plan_launch(**kw, rows=rows)
+        if rows is None:  # caps: AGOQ_ASCEND_MAX_ROWS, and what an "ub overflow" taught us for this kernel
+            cap = min(max_rows_setting(), self.learned_caps.get(self._key(op, spec, io_dtype), 1 << 30))
+            if p.rows > cap:
+                p = plan_launch(**kw, rows=cap)
         # BLOCK_P = the planned lanes: >= next_pow2(block), padded to a 32-byte tail, extra lanes masked.
         return Launch(grid=p.grid, rows=p.rows, block_p=p.lanes, n_tiles=p.n_tiles, options=compile_options(p),
                       plan=p)
+
+
+    @staticmethod
+    def _key(op, spec, io_dtype) -> tuple:
+        return (op, spec.kind, spec.bits, spec.block, str(io_dtype))
+
+    def retry_smaller(self, exc: BaseException, launch: Launch, replan) -> Launch | None:
+        """After Triton-Ascend's "ub overflow" compile error (the tile's working set exceeds the unified buffer:
+        the UB rule underestimated it), the same piece with half the rows, remembered for later launches of
+        this kernel; None (re-raise) for any other error or when one row already overflows."""
+        if "ub overflow" not in str(exc).lower() or launch.rows <= 1:
+            return None
+        op, spec, _, io_dtype = replan.args[:4]
+        rows = launch.rows // 2
+        self.learned_caps[self._key(op, spec, io_dtype)] = rows
+        log.warning("agoq-ascend: %s %s/block %d (%s) with %d rows per tile overflowed the unified buffer; retrying "
+                    "with %d rows (set AGOQ_ASCEND_MAX_ROWS=%d to start there)", op, spec.name, spec.block,
+                    io_dtype, launch.rows, rows, rows)
+        return replan(rows=rows)
+
+
+def max_rows_setting() -> int:
+    """AGOQ_ASCEND_MAX_ROWS: upper bound on the planner's tile rows (a power of two >= 1; unset = no bound)."""
+    raw = os.environ.get("AGOQ_ASCEND_MAX_ROWS", "").strip()
+    if not raw:
+        return 1 << 30
+    try:
+        v = int(raw)
+    except ValueError:
+        v = 0
+    if v < 1 or v & (v - 1):
+        raise ValueError(f"AGOQ_ASCEND_MAX_ROWS={raw!r} must be a power of two >= 1 (tile rows per launch)")
+    return v
 
 
 def launcher(props: DeviceProps) -> Launcher:

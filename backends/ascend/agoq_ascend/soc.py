@@ -47,17 +47,20 @@ INTERPRETER_SOC = SocInfo(family="interpreter", soc_version=None, device_name="T
 
 
 def classify(soc_version: int | None, device_name: str) -> SocInfo:
-    """SocInfo from what torch_npu reports; the integer wins, the name is the fallback."""
+    """SocInfo from what torch_npu reports. A known SoC number decides alone: the name is consulted only
+    when the number is missing (None or negative), because names overlap across generations (SoC 100-104
+    are the old Ascend 910/910A family, which Triton-Ascend does not target, whatever the name says)."""
     name = device_name or ""
     family = None
-    if soc_version is not None and soc_version >= 0:
+    known = soc_version is not None and soc_version >= 0
+    if known:
         if soc_version in _A2:
             family = "A2"
         elif soc_version in _A3:
             family = "A3"
         elif soc_version >= _A5_FIRST:
             family = "950"
-    if family is None:
+    else:
         if name.startswith("Ascend950"):
             family = "950"
         elif name.startswith("Ascend910_93"):
@@ -67,7 +70,7 @@ def classify(soc_version: int | None, device_name: str) -> SocInfo:
     if family is None:
         raise UnsupportedSocError(
             f"NPU {name!r} (soc_version {soc_version}) is not a part the agoq Triton-Ascend kernels target: they "
-            "need Atlas A2 (Ascend910B*), Atlas A3 (Ascend910_93*) or Ascend 950 (Triton-Ascend's targets). "
-            "Use AGOQ_BACKEND=reference on this machine")
+            "need Atlas A2 (Ascend910B*, soc 220-225), Atlas A3 (Ascend910_93*, soc 250-255) or Ascend 950 "
+            "(soc >= 260), Triton-Ascend's targets. Use AGOQ_BACKEND=reference on this machine")
     return SocInfo(family=family, soc_version=soc_version, device_name=name or f"soc {soc_version}",
                    fp8_native=family == "950", ub_bytes=UB_BYTES_950 if family == "950" else UB_BYTES_A2)

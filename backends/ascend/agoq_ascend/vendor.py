@@ -69,6 +69,20 @@ class VendorOptions:
         return dict(DYNAMIC_BLOCK_QUANT_DEVIATIONS) if "npu_dynamic_block_quant" in self.ops else {}
 
 
+def check_available(torch_npu: Any, options: "VendorOptions") -> None:
+    """Every opted-in operator must exist in this torch_npu (older releases lack npu_dynamic_block_quant):
+    refuse with the release and the fix, rather than fail at the first quantize."""
+    from agoq_core.errors import BackendUnavailableError
+
+    missing = sorted(op for op in options.ops if not hasattr(torch_npu, op))
+    if missing:
+        ver = getattr(torch_npu, "__version__", "unknown")
+        raise BackendUnavailableError(
+            f"AGOQ_ASCEND_VENDOR_OPS names {', '.join(missing)}, which torch_npu {ver} does not have: upgrade torch_npu "
+            "(and CANN) to a release that provides it, or unset AGOQ_ASCEND_VENDOR_OPS (the default kernels need no "
+            "vendor operator)")
+
+
 def dynamic_block_quant_applies(spec, x: torch.Tensor) -> bool:
     """The documented A2/A3 envelope: int8, 1x128 blocks, fp16/bf16 input."""
     return (spec.name == "int8" and spec.block == _VENDOR_BLOCK and x.dtype in (torch.bfloat16, torch.float16)

@@ -24,7 +24,7 @@ def _fresh_selection(monkeypatch):
     from agoq_core.backend import manager
 
     for var in ("AGOQ_BACKEND", "AGOQ_ASCEND_INTERPRET", "AGOQ_ASCEND_VENDOR_OPS", "AGOQ_ASCEND_UB_BYTES",
-                "AGOQ_ASCEND_INTERPRET_CORES"):
+                "AGOQ_ASCEND_INTERPRET_CORES", "AGOQ_ASCEND_MAX_ROWS", "AGOQ_ASCEND_SELF_TEST"):
         monkeypatch.delenv(var, raising=False)
     manager.reset()
     yield

@@ -19,6 +19,7 @@ _ABS_MASK = tl.constexpr(0x7FFFFFFF)
 _QNAN = tl.constexpr(0x7FC00000)
 _SIGN = tl.constexpr(-0x80000000)  # 0x80000000 as an int32
 _MIN_NORMAL_BITS = tl.constexpr(0x00800000)  # 2**-126
+_MIN_NORMAL_F32 = tl.constexpr(1.1754943508222875e-38)  # 2**-126
 
 # 1.5 * 2**23: adding it rounds an fp32 |v| < 2**22 to an integer, half to even (the sum's ulp is 1), and
 # leaves that integer in the low mantissa bits: bits(v + magic) - bits(magic) = round(v). No float->int
@@ -62,6 +63,78 @@ _NF4_T13 = tl.constexpr(0.6427869200706482)
 _NF4_T14 = tl.constexpr(0.8614784479141235)
 
 
+# ---- division without a division instruction ---------------------------------------------------------
+# The contract (docs/formats.md §3) needs RN(a / b) twice per block: the scale and every scaled value.
+# Hardware division cannot be trusted for that on every device (Triton-Ascend lowers tl.math.div_rn to a
+# plain arith.divf; its own test checks it to 1e-4 only), and a multiply-add contraction the compiler is
+# free to make must not change a result either. So the portable path (HW=False) divides with IEEE add,
+# multiply and compare only, each product that meets an add is exact (so an FMA contraction of it rounds
+# the same), and the last step is an exact remainder test that makes the quotient correctly rounded
+# whatever the approximation before it was (as long as it is faithful, which the Newton step ensures):
+#
+#   b in [2, 4) (a power-of-two scaling of the divisor, exact), b = bh + bl split at 12 bits by integer
+#   add-and-mask on the bits (Veltkamp's split without a multiply); y ~ 1/b by three Newton steps from a
+#   linear start (error < 2**-22; per row, cheap);
+#   q0 = hi12(a * y)                       (12 significant bits: 2**-11 relative at worst)
+#   q1 = q0 + ((a - q0 bh) - q0 bl) y      (q0 bh, q0 bl exact; a - q0 bh exact by Sterbenz) -> faithful
+#   r  = a - q1 b  via ((((a - qh bh) - qh bl) - ql bh) - ql bl) with q1 = qh + ql split likewise:
+#        every product is exact (12 x 12 bits) and every partial sum is representable, so r is exact
+#   RN(a / b) = q1 + ulp  if r >  b ulp(q1) / 2,   q1 - ulp-  if r < -b ulp-(q1) / 2,   else q1
+#   (ulp- is the spacing below q1, half of ulp at a power of two; a quotient of two fp32 numbers is never
+#   a midpoint, so no tie can occur). Proofs of each step: docs/formats.md §3.1. Tests:
+#   backends/triton_common/tests/test_exact_division.py (every step against numpy's correctly rounded
+#   division, and the kernels with the interpreter's division replaced by a 1-ulp-off one).
+_DIV_MIN_Q = tl.constexpr(8.271806125530277e-25)  # 2**-80: below it quotients are left approximate (codes are 0)
+_ONE_MINUS_ULP = tl.constexpr(0.99999994)  # 1 - 2**-24 (exact): q * it lies in the binade below q iff q = 2**k
+
+
+@triton.jit
+def hi12(a):
+    """a rounded to 12 significant bits (ties away), by integer add and mask on the bits."""
+    return ((a.to(tl.int32, bitcast=True) + 0x800) & -4096).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def split12(a):
+    """a = hi + lo exactly: hi = a rounded to 12 significant bits (integer add and mask on the bits, no
+    multiply for a compiler to contract), |lo| <= ulp(hi) / 2 (12 bits). a finite, |a| >= 2**-100."""
+    hi = hi12(a)
+    return hi, a - hi
+
+
+@triton.jit
+def pow2_scale_to_2_4(b):
+    """The power of two k with b * k in [2, 4), for a normal b > 0 (exact; k is normal for every such b)."""
+    return ((255 - ((b.to(tl.int32, bitcast=True) >> 23) & 0xFF)) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def recip_2_4(b):
+    """y ~ 1 / b for b in [2, 4): a linear start (relative error <= 1/17) and three Newton steps
+    y <- y + y (1 - b y), relative error < 2**-22 with or without contraction; no division."""
+    y = 0.7058823529411765 - 0.11764705882352941 * b  # (48/17 - 32/17 d) / 4 with d = b / 4
+    y = y + y * (1.0 - b * y)
+    y = y + y * (1.0 - b * y)
+    return y + y * (1.0 - b * y)
+
+
+@triton.jit
+def exact_quotient(a, b, bh, bl, y):
+    """RN(a / b), correctly rounded, from add, multiply and compare only (see the section comment).
+
+    a >= 0 finite; b in [2, 4) with (bh, bl) = split12(b) and y = recip_2_4(b) (broadcastable to a).
+    Exact for quotients >= 2**-80; smaller ones (every code maps them to zero) come out within a few
+    ulps, >= 0. Independent of FMA contraction: every product that meets an add is exact."""
+    q = hi12(a * y)
+    q = q + ((a - q * bh) - q * bl) * y
+    qh, ql = split12(q)
+    r = (((a - qh * bh) - qh * bl) - ql * bh) - ql * bl
+    up = ((q.to(tl.int32, bitcast=True) & _EXP_MASK) - (23 << 23)).to(tl.float32, bitcast=True)
+    dn = (((q * _ONE_MINUS_ULP).to(tl.int32, bitcast=True) & _EXP_MASK) - (23 << 23)).to(tl.float32, bitcast=True)
+    fixed = tl.where(r > b * (up * 0.5), q + up, tl.where(r < b * (dn * -0.5), q - dn, q))
+    return tl.where(q >= _DIV_MIN_Q, fixed, q)
+
+
 # ---- fp8 <-> fp32 (integer logic; torch's algorithm, measured bit-exact in cpu-feasibility §2c) ----
 @triton.jit
 def f32_to_e4m3_bits(v):
@@ -73,7 +146,7 @@ def f32_to_e4m3_bits(v):
     den = (a.to(tl.float32, bitcast=True) + 16384.0).to(tl.int32, bitcast=True) - (141 << 23)
     # normal: rebias 127 -> 7, keep 3 mantissa bits, round half to even via the kept lsb.
     nrm = (a + (-120 << 23) + 0x7FFFF + ((a >> 20) & 1)) >> 20
-    return tl.where(a < (121 << 23), den, nrm) | sign
+    return tl.where(tl.abs(v) < 0.015625, den, nrm) | sign  # a < 121 << 23, as an fp32 compare
 
 
 @triton.jit
@@ -85,7 +158,7 @@ def f32_to_e5m2_bits(v):
     # |v| < 2**-14: adding 128 leaves E5M2's subnormal spacing 2**-16.
     den = (a.to(tl.float32, bitcast=True) + 128.0).to(tl.int32, bitcast=True) - (134 << 23)
     nrm = (a + (-112 << 23) + 0xFFFFF + ((a >> 21) & 1)) >> 21
-    return tl.where(a < (113 << 23), den, nrm) | sign
+    return tl.where(tl.abs(v) < 0.00006103515625, den, nrm) | sign  # a < 113 << 23, as an fp32 compare
 
 
 @triton.jit
@@ -95,8 +168,9 @@ def e4m3_bits_to_f32(c):
     e = (c >> 3) & 0xF
     m = c & 7
     sub = (m.to(tl.float32) * 0.001953125).to(tl.int32, bitcast=True)  # m * 2**-9, exact
-    mag = tl.where(e == 0, sub, ((e + 120) << 23) | (m << 20))
-    mag = tl.where((c & 0x7F) == 0x7F, _QNAN, mag)
+    mag7 = (c & 0x7F).to(tl.float32)  # fp32 compares below: int32 vector compares are scalar code on Ascend
+    mag = tl.where(mag7 < 8.0, sub, ((e + 120) << 23) | (m << 20))  # e == 0
+    mag = tl.where(mag7 == 127.0, _QNAN, mag)
     return (mag | sign).to(tl.float32, bitcast=True)
 
 
@@ -107,8 +181,9 @@ def e5m2_bits_to_f32(c):
     e = (c >> 2) & 0x1F
     m = c & 3
     sub = (m.to(tl.float32) * 0.0000152587890625).to(tl.int32, bitcast=True)  # m * 2**-16, exact
-    mag = tl.where(e == 0, sub, ((e + 112) << 23) | (m << 21))
-    mag = tl.where(e == 31, tl.where(m == 0, _EXP_MASK, _QNAN), mag)
+    mag7 = (c & 0x7F).to(tl.float32)  # fp32 compares below: int32 vector compares are scalar code on Ascend
+    mag = tl.where(mag7 < 4.0, sub, ((e + 112) << 23) | (m << 21))  # e == 0
+    mag = tl.where(mag7 >= 124.0, tl.where(mag7 == 124.0, _EXP_MASK, _QNAN), mag)  # e == 31: inf iff m == 0
     return (mag | sign).to(tl.float32, bitcast=True)
 
 
@@ -127,7 +202,7 @@ def f32_to_bf16_bits(x):
     sign = (bits >> 16) & 0x8000
     a = bits & _ABS_MASK
     r = (a + 0x7FFF + ((a >> 16) & 1)) >> 16
-    return tl.where(a > _EXP_MASK, 0x7FC0, r | sign)
+    return tl.where(x != x, 0x7FC0, r | sign)  # NaN test as an fp32 compare (a > _EXP_MASK)
 
 
 # ---- codes --------------------------------------------------------------------------------------------
@@ -152,8 +227,8 @@ def _encode_fp4(v):
     den = (m + 4194304.0).to(tl.int32, bitcast=True) - 0x4A800000
     # 1 <= |v| <= 6: rebias 127 -> 1, keep one mantissa bit, round half to even via the kept lsb
     nrm = (a - (126 << 23) + 0x1FFFFF + ((a >> 22) & 1)) >> 22
-    idx = tl.where(a < 0x3F800000, den, nrm)
-    return tl.where((v < 0.0) & (idx > 0), idx | 8, idx)
+    idx = tl.where(m < 1.0, den, nrm)  # fp32 compares (int32 vector compares are scalar code on Ascend)
+    return tl.where((v < 0.0) & (m > 0.25), idx | 8, idx)  # m > 0.25 iff idx > 0
 
 
 @triton.jit
@@ -230,10 +305,11 @@ def encode(v, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr, HW: tl
 def _nf4_select(c):
     # Binary select tree on the code bits (15 selects, no memory access): for devices where a gather
     # from a 16-entry table is slow (Ascend's vector units have no cheap gather).
-    b0 = (c & 1) != 0
-    b1 = (c & 2) != 0
-    b2 = (c & 4) != 0
-    b3 = (c & 8) != 0
+    # the code bits as fp32 compares (int32 vector compares are scalar code on Ascend's vector unit)
+    b0 = (c & 1).to(tl.float32) > 0.0
+    b1 = (c & 2).to(tl.float32) > 0.0
+    b2 = (c & 4).to(tl.float32) > 0.0
+    b3 = (c & 8).to(tl.float32) > 0.0
     p0 = tl.where(b0, _NF4_L1, _NF4_L0)
     p1 = tl.where(b0, _NF4_L3, _NF4_L2)
     p2 = tl.where(b0, _NF4_L5, _NF4_L4)

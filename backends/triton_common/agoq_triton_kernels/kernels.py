@@ -16,12 +16,18 @@ tl.join, and each byte of a group is a separate (strided) store or load.
 Loops are ``while`` loops: Triton 3.6's interpreter cannot take a runtime value as a ``range`` bound
 under numpy >= 2.4 (triton-lang/triton#9171, fixed after 3.6), and CPU CI runs these bodies there.
 
-Launch with fp-contraction off (CUDA: ``enable_fp_fusion=False``): ``decode(c) * s + g`` must round
-twice, as the reference does, not once as an FMA would.
+``decode(c) * s + g`` must round twice, as the reference does, not once as an FMA would: CUDA launches
+with ``enable_fp_fusion=False``; with HW=False the product is also materialised through an integer op
+(_materialise), because Triton-Ascend accepts but does not honour ``enable_fp_fusion``.
 
-``HW`` (constexpr) selects what the hardware may do: False = integer logic and tl.math.div_rn only (the
-Triton interpreter, and Ascend), True = CUDA sm_89+: hardware fp8 and bf16 conversions (exact RNE on
-clamped inputs) and the FMA-based quotient of _scaled_quotient. Both are bit-exact with the reference;
+Masks are rectangular (a row range against n_blocks, a lane range against a scalar), never an
+expression with a multiply: Triton-Ascend's mask analysis cannot parse those and falls back to
+full-block accesses (backends/ascend/scripts/frontend_compile.py checks every kernel for it).
+
+``HW`` (constexpr) selects what the hardware may do: False = integer logic, fp32 compares and
+division-free, correctly rounded quotients (codes.exact_quotient; the Triton interpreter, and Ascend,
+whose division is not known to be correctly rounded), True = CUDA sm_89+: hardware fp8 and bf16
+conversions (exact RNE on clamped inputs) and the FMA-based quotient of _scaled_quotient. Both are bit-exact with the reference;
 HW=True only needs fewer instructions (these kernels are ALU-bound on an H200, not memory-bound).
 """
 from __future__ import annotations
@@ -30,8 +36,8 @@ import triton
 import triton.language as tl
 
 from agoq_triton_kernels.codes import (
-    _ABS_MASK, _EXP_MASK, _MIN_NORMAL_BITS, _QNAN, _SIGN, bf16_bits_to_f32, bucket_encode, decode, encode,
-    f32_to_bf16_bits, zero_code,
+    _ABS_MASK, _EXP_MASK, _MIN_NORMAL_BITS, _MIN_NORMAL_F32, _QNAN, _SIGN, bf16_bits_to_f32, bucket_encode, decode,
+    encode, exact_quotient, f32_to_bf16_bits, pow2_scale_to_2_4, recip_2_4, split12, zero_code,
 )
 from agoq_triton_kernels.mx import mx_quantize_tile
 
@@ -67,8 +73,9 @@ def _tile(t, n, n_blocks, ROWS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.c
     rows = t * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_P)
     elem = rows[:, None] * BLOCK + cols[None, :]
-    if RAGGED:  # the launch holding the last, partial block: mask element by element
-        emask = (cols[None, :] < BLOCK) & (elem < n)
+    if RAGGED:  # the launch holding only the last, partial block (n < BLOCK elements, n_blocks = 1):
+        # its elements are lanes [0, n) of row 0; a rectangular mask against the scalar n (no multiply in it)
+        emask = (rows[:, None] < n_blocks) & (cols[None, :] < n)
     elif BLOCK == BLOCK_P:  # whole power-of-two blocks: one compare per row, loads stay vectorized
         emask = (rows[:, None] < n_blocks) & (cols[None, :] >= 0)
     else:
@@ -79,9 +86,10 @@ def _tile(t, n, n_blocks, ROWS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.c
 @triton.jit
 def _group_mask(rows, row_ok, k, n, G: tl.constexpr, BLOCK: tl.constexpr, RAGGED: tl.constexpr):
     """Pack group k of each row is stored iff it exists (k < BLOCK / G) and its row is valid (row_ok), or,
-    in a ragged launch, its first element is < n."""
+    in a ragged launch (one block of n < BLOCK elements), iff its first element is < n: k < ceil(n / G),
+    a rectangular mask against a scalar."""
     if RAGGED:
-        return (k < BLOCK // G) & (rows[:, None] * BLOCK + G * k < n)
+        return row_ok[:, None] & (k < (n + (G - 1)) // G)
     else:
         return (k < BLOCK // G) & row_ok[:, None]
 
@@ -129,6 +137,41 @@ def _encode_tile(v, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.c
 
 
 @triton.jit
+def _exact_scale(amax, QMAX: tl.constexpr):
+    """RN(amax / QMAX) per row without a division (codes.exact_quotient on the normalised mantissas),
+    0 where the result is below 2**-126. amax >= 0 finite (other rows get garbage the caller drops).
+
+    amax = ma 2**(ea-127) with ma in [1, 2); QMAX = mq 2**(eq-128) with mq in [2, 4); the quotient of the
+    mantissas is correctly rounded in (1/4, 1) and the exponents are added on the bits. Rounding at 24 bits
+    before the subnormal check equals IEEE's rounding followed by it for every qmax of the registry (a
+    quotient would have to fall within 2**-150 below 2**-126; test_exact_division checks the boundary)."""
+    qv = tl.zeros_like(amax) + QMAX
+    kq = pow2_scale_to_2_4(qv)
+    mq = qv * kq
+    mqh, mql = split12(mq)
+    bits = amax.to(tl.int32, bitcast=True)
+    ma = ((bits & 0x7FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)
+    q = exact_quotient(ma, mq, mqh, mql, recip_2_4(mq))
+    qb = q.to(tl.int32, bitcast=True)
+    shift = ((bits >> 23) & 0xFF) - ((qv.to(tl.int32, bitcast=True) >> 23) & 0xFF) + 1
+    e = ((qb >> 23) & 0xFF) + shift
+    return tl.where(e > 0, (qb + (shift << 23)).to(tl.float32, bitcast=True), 0.0)
+
+
+@triton.jit
+def _exact_scaled_values(xf, scale):
+    """RN(xf / scale) per element without a division: |xf| and the row's scale are scaled by the same
+    power of two k (scale k in [2, 4), exact), codes.exact_quotient gives the magnitude, xf the sign.
+    xf finite or 0 with |xf| <= about qmax scale; scale > 0 normal (rows with scale 0 pass 1)."""
+    k = pow2_scale_to_2_4(scale)
+    b = scale * k
+    bh, bl = split12(b)
+    y = recip_2_4(b)
+    q = exact_quotient(tl.abs(xf) * k[:, None], b[:, None], bh[:, None], bl[:, None], y[:, None])
+    return (q.to(tl.int32, bitcast=True) | (xf.to(tl.int32, bitcast=True) & _SIGN)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr, HW: tl.constexpr,
                   LUT: tl.constexpr, FAST_DIV: tl.constexpr, SCALE: tl.constexpr = 0, ts_ptr=None):
     """x: fp32 [ROWS, BLOCK_P] (masked lanes hold 0) -> (codes int32 [ROWS, BLOCK_P], scales fp32 [ROWS]).
@@ -137,29 +180,45 @@ def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.
     fused GEMM epilogue (whole blocks per row, FAST_DIV on a GPU with HW=False encodes) call it.
     HW: hardware fp8 encodes (CUDA sm_89+); FAST_DIV: the FMA-based quotient of _scaled_quotient.
 
-    Contract steps: flush |x| < 2**-126 (exponent bits), per-block non-finite flag and absmax,
-    scale = absmax / qmax correctly rounded (< 2**-126 -> 0), v = x / scale correctly rounded, encode;
-    a block with NaN/Inf gets scale NaN, a block with scale 0 all zero codes.
-    The absmax runs on magnitude bits (integer order = value order for non-negative floats; NaN/Inf
-    sort above every finite value, which is exactly the non-finite flag), and non-finite or zero-scale
-    blocks need no clean-up of their lanes: their codes are replaced wholesale at the end.
+    Contract steps: flush |x| < 2**-126, per-block non-finite flag and absmax, scale = absmax / qmax
+    correctly rounded (< 2**-126 -> 0), v = x / scale correctly rounded, encode; a block with NaN/Inf
+    gets scale NaN, a block with scale 0 all zero codes. Non-finite or zero-scale blocks need no clean-up
+    of their lanes: their codes are replaced wholesale at the end.
+
+    FAST_DIV=True (GPUs): absmax on the magnitude bits (integer order = value order for non-negative
+    floats; NaN/Inf sort above every finite value, which is exactly the non-finite flag), div_rn for the
+    scale and the FMA-based quotient of _scaled_quotient.
+    FAST_DIV=False (the interpreter, Ascend): no integer compare per element (Ascend's vector unit runs
+    int32 compares as scalar code) and no division instruction: absmax is an fp32 max of |x|, the
+    non-finite flag a NaN test on the row sum of x - x (0 for finite x, NaN for NaN and +-Inf; a sum,
+    unlike max, propagates NaN on every device), and both divisions are the exact, division-free ones
+    above (correct whatever the device's division and multiply-add contraction do).
     SCALE != 0: the microscaling formats' scales (agoq_triton_kernels.mx; ts_ptr: NVFP4's tensor scale).
     """
     if SCALE != 0:
         return mx_quantize_tile(x, ts_ptr, KIND, BITS, QMAX, HW, SCALE)
-    bits = x.to(tl.int32, bitcast=True)
-    a = bits & _ABS_MASK
-    rowmax = tl.max(a, axis=1)
-    bad = rowmax >= _EXP_MASK
-    amax = tl.where(rowmax < _MIN_NORMAL_BITS, 0, rowmax).to(tl.float32, bitcast=True)
-    scale = tl.math.div_rn(amax, QMAX)
-    scale = tl.where((scale.to(tl.int32, bitcast=True) & _EXP_MASK) == 0, 0.0, scale)
-    xf = tl.where(a < _MIN_NORMAL_BITS, 0.0, x)
-    v = _scaled_quotient(xf, scale, FAST_DIV)
     if FAST_DIV:
+        bits = x.to(tl.int32, bitcast=True)
+        a = bits & _ABS_MASK
+        rowmax = tl.max(a, axis=1)
+        bad = rowmax >= _EXP_MASK
+        amax = tl.where(rowmax < _MIN_NORMAL_BITS, 0, rowmax).to(tl.float32, bitcast=True)
+        scale = tl.math.div_rn(amax, QMAX)
+        scale = tl.where((scale.to(tl.int32, bitcast=True) & _EXP_MASK) == 0, 0.0, scale)
+        xf = tl.where(a < _MIN_NORMAL_BITS, 0.0, x)
+        v = _scaled_quotient(xf, scale, FAST_DIV)
         if KIND >= 3:  # fp8 keeps the sign of a tiny quotient: take it from x (exact: sign(x/s) = sign(x))
             v = ((v.to(tl.int32, bitcast=True) & _ABS_MASK)
                  | (xf.to(tl.int32, bitcast=True) & _SIGN)).to(tl.float32, bitcast=True)
+    else:
+        ax = tl.abs(x)
+        xf = tl.where(ax < _MIN_NORMAL_F32, 0.0, x)
+        nf = tl.sum(x - x, axis=1)
+        bad = nf != nf
+        amax = tl.max(ax, axis=1)
+        amax = tl.where(bad | (amax < _MIN_NORMAL_F32), 0.0, amax)
+        scale = _exact_scale(amax, QMAX)
+        v = _exact_scaled_values(xf, tl.where(scale == 0.0, 1.0, scale))
     codes = _encode_tile(v, elut_ptr, KIND, BITS, QMAX, HW, LUT)
     codes = tl.where((bad | (scale == 0.0))[:, None], zero_code(KIND, BITS), codes)
     scale = tl.where(bad, _QNAN, scale.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
@@ -271,6 +330,15 @@ def dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, row_ok, elem, emask, n
     return decode(c, lut_ptr, KIND, BITS, NF4_LUT, HW) * s[:, None]
 
 
+@triton.jit
+def _materialise(p, opaque_zero):
+    """p itself, but through an integer OR with a zero the compiler cannot see (derived from a runtime
+    argument), so no multiply-add contraction can fuse the multiply that made p into a later add:
+    Triton-Ascend accepts enable_fp_fusion=False but does not pass it to the NPU compiler. One integer
+    op per element; the proof is an FMA-emulating run in the interpreter (test_ascend_numerics_hazards)."""
+    return (p.to(tl.int32, bitcast=True) | opaque_zero).to(tl.float32, bitcast=True)
+
+
 # ---- kernels --------------------------------------------------------------------------------------------
 # Sizes are not specialized: one compiled kernel per format/dtype/geometry serves every tensor size
 # (Triton would otherwise compile again for n % 16 == 0 vs not, n == 1, ...). Vectorization does not
@@ -324,6 +392,8 @@ def accumulate_kernel(codes_ptr, scales_ptr, lut_ptr, g_ptr, n, n_blocks, n_tile
         rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
         d = dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, ok, elem, emask, n,
                             ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW)
+        if not HW:  # no multiply-add contraction of decode * scale + g (see _materialise)
+            d = _materialise(d, n_tiles >> 31)
         g = _load_f32(g_ptr, elem, emask, G_FLOAT)
         acc = tl.where(emask, d + g, 0.0)  # padding lanes are 0, whatever garbage the pad codes hold
         codes, scale = quantize_tile(acc, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None, HW,
@@ -348,11 +418,17 @@ def reduce_requantize_kernel(codes_ptr, scales_ptr, lut_ptr, codes_out_ptr, scal
         rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
         acc = dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, ok, elem, emask, n,
                               ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW)
+        if not HW:
+            acc = _materialise(acc, n_tiles >> 31)
         r = 1
         while r < world:
-            acc = acc + dequantize_tile(codes_ptr + r * codes_stride, scales_ptr + r * scales_stride, lut_ptr,
-                                        rows, ok, elem, emask, n, ROWS, KIND, BITS, BLOCK, BLOCK_P,
-                                        NF4_LUT, RAGGED, HW)
+            r64 = tl.cast(r, tl.int64)  # r * codes_stride passes 2**31 for big chunks (W = 8, 2**28 elements)
+            d = dequantize_tile(codes_ptr + r64 * codes_stride, scales_ptr + r64 * scales_stride, lut_ptr,
+                                rows, ok, elem, emask, n, ROWS, KIND, BITS, BLOCK, BLOCK_P,
+                                NF4_LUT, RAGGED, HW)
+            if not HW:
+                d = _materialise(d, n_tiles >> 31)
+            acc = acc + d
             r += 1
         acc = tl.where(emask, acc, 0.0)
         codes, scale = quantize_tile(acc, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None, HW,

@@ -97,6 +97,9 @@ class LaunchGeometry(Protocol):
         """The HW constexpr for ``device`` (``requested``: None = the device default; an explicit True the
         device cannot honour must raise)."""
 
+    # Optional: ``retry_smaller(exc, launch, replan) -> Launch | None``: a smaller launch to retry with after
+    # a compile error ``exc`` (agoq-ascend: "ub overflow" -> half the rows); None re-raises.
+
     def plan(self, op: str, spec, numel: int, io_dtype: torch.dtype, device: torch.device, *,
              rows: int | None, programs: int | None) -> Launch:
         """The launch of ``op`` over ``numel`` elements (<= 2**30, whole blocks or one ragged block);
@@ -145,9 +148,22 @@ class Launcher:
     def _consts(fmt: dict, launch: Launch, ragged: bool) -> dict:
         return {**fmt, "BLOCK_P": launch.block_p, "ROWS": launch.rows, "RAGGED": ragged}
 
-    def _run(self, kernel, launch: Launch, args: tuple, consts: dict) -> None:
-        self.last_plans.append(launch.plan)
-        kernel[(launch.grid,)](*args, **consts, **launch.options, enable_fp_fusion=False)
+    def _run(self, kernel, launch: Launch, args, consts, replan=None) -> None:
+        """Launch ``kernel``; ``args``/``consts`` map a Launch to the arguments. If compiling fails and the
+        geometry offers a smaller launch for that error (``retry_smaller``: Triton-Ascend's "ub overflow"),
+        retry with it (``replan(rows)`` plans the same piece with at most ``rows`` rows)."""
+        while True:
+            try:
+                kernel[(launch.grid,)](*args(launch), **consts(launch), **launch.options, enable_fp_fusion=False)
+            except Exception as exc:  # noqa: BLE001  (the geometry decides which errors a smaller tile fixes)
+                retry = getattr(self.geometry, "retry_smaller", None)
+                smaller = retry(exc, launch, replan) if retry is not None and replan is not None else None
+                if smaller is None:
+                    raise
+                launch = smaller
+                continue
+            self.last_plans.append(launch.plan)
+            return
 
     def _elut(self, spec, device: torch.device):
         return nf4_encode_lut(spec.kind, device) if self.geometry.nf4_lut else None
@@ -170,11 +186,13 @@ class Launcher:
         ts = _tensor_scale(spec, x) if n else None
         self.last_plans = []
         for off, m, boff, soff, ragged in segments(spec, n):
-            la = g.plan("quantize", spec, m, io, dev, rows=rows, programs=programs)
+            replan = functools.partial(g.plan, "quantize", spec, m, io, dev, programs=programs)
             nb = spec.num_blocks(m)
-            self._run(K.quantize_kernel, la,
-                      (xv[off:off + m], cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], m, nb, la.n_tiles),
-                      {**self._consts(f, la, ragged), "X_FLOAT": xk, "elut_ptr": elut, **ts_arg(ts)})
+            self._run(K.quantize_kernel, replan(rows=rows),
+                      lambda la: (xv[off:off + m], cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], m, nb,
+                                  la.n_tiles),
+                      lambda la: {**self._consts(f, la, ragged), "X_FLOAT": xk, "elut_ptr": elut, **ts_arg(ts)},
+                      replan)
 
     def dequantize(self, codes: torch.Tensor, scales: torch.Tensor, spec, out: torch.Tensor, *,
                    rows: int | None = None, programs: int | None = None, hw: bool | None = None) -> None:
@@ -186,11 +204,11 @@ class Launcher:
         f, cv, lut = self._format(spec, dev, hw), codes.view(torch.int8), nf4_lut(dev)
         self.last_plans = []
         for off, m, boff, soff, ragged in segments(spec, n):
-            la = g.plan("dequantize", spec, m, out.dtype, dev, rows=rows, programs=programs)
+            replan = functools.partial(g.plan, "dequantize", spec, m, out.dtype, dev, programs=programs)
             nb = spec.num_blocks(m)
-            self._run(K.dequantize_kernel, la,
-                      (cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], lut, ov[off:off + m], m, nb,
-                       la.n_tiles), {**self._consts(f, la, ragged), "OUT_FLOAT": ok})
+            self._run(K.dequantize_kernel, replan(rows=rows),
+                      lambda la: (cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], lut, ov[off:off + m], m,
+                                  nb, la.n_tiles), lambda la: {**self._consts(f, la, ragged), "OUT_FLOAT": ok}, replan)
 
     def accumulate(self, codes: torch.Tensor, scales: torch.Tensor, spec, g: torch.Tensor, *,
                    rows: int | None = None, programs: int | None = None, hw: bool | None = None) -> None:
@@ -203,11 +221,12 @@ class Launcher:
         f, cv, lut, elut = self._format(spec, dev, hw), codes.view(torch.int8), nf4_lut(dev), self._elut(spec, dev)
         self.last_plans = []
         for off, m, boff, soff, ragged in segments(spec, n):
-            la = geo.plan("accumulate", spec, m, io, dev, rows=rows, programs=programs)
+            replan = functools.partial(geo.plan, "accumulate", spec, m, io, dev, programs=programs)
             nb = spec.num_blocks(m)
-            self._run(K.accumulate_kernel, la,
-                      (cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], lut, gv[off:off + m], m, nb,
-                       la.n_tiles), {**self._consts(f, la, ragged), "G_FLOAT": gk, "elut_ptr": elut})
+            self._run(K.accumulate_kernel, replan(rows=rows),
+                      lambda la: (cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], lut, gv[off:off + m], m,
+                                  nb, la.n_tiles),
+                      lambda la: {**self._consts(f, la, ragged), "G_FLOAT": gk, "elut_ptr": elut}, replan)
 
     def reduce_requantize(self, codes: torch.Tensor, scales: torch.Tensor, spec, numel: int,
                           codes_out: torch.Tensor, scales_out: torch.Tensor, *, rows: int | None = None,
@@ -227,9 +246,9 @@ class Launcher:
         cv, cov = codes.view(torch.int8), codes_out.view(torch.int8)
         self.last_plans = []
         for off, m, boff, soff, ragged in segments(spec, n):
-            la = g.plan("reduce_requantize", spec, m, torch.float32, dev, rows=rows, programs=programs)
+            replan = functools.partial(g.plan, "reduce_requantize", spec, m, torch.float32, dev, programs=programs)
             nb, cb = spec.num_blocks(m), spec.code_bytes(m)
-            self._run(K.reduce_requantize_kernel, la,
-                      (cv[:, boff:boff + cb], scales[:, soff:soff + nb], lut, cov[boff:boff + cb],
-                       scales_out[soff:soff + nb], m, nb, la.n_tiles, w, codes.stride(0), scales.stride(0)),
-                      {**self._consts(f, la, ragged), "elut_ptr": elut})
+            self._run(K.reduce_requantize_kernel, replan(rows=rows),
+                      lambda la: (cv[:, boff:boff + cb], scales[:, soff:soff + nb], lut, cov[boff:boff + cb],
+                                  scales_out[soff:soff + nb], m, nb, la.n_tiles, w, codes.stride(0), scales.stride(0)),
+                      lambda la: {**self._consts(f, la, ragged), "elut_ptr": elut}, replan)

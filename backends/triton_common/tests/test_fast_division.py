@@ -8,23 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from agoq_triton_kernels.testing import fma32
+
 f32, f64, i32 = np.float32, np.float64, np.int32
-
-
-def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """RN_fp32(a * b + c) with a single rounding."""
-    p = a.astype(f64) * b.astype(f64)  # exact: 48-bit product
-    c64 = c.astype(f64)
-    s = p + c64
-    bb = s - p
-    err = (p - (s - bb)) + (c64 - bb)  # TwoSum: s + err == p + c exactly
-    with np.errstate(over="ignore"):
-        r = s.astype(f32)
-    r64 = r.astype(f64)
-    other = np.nextafter(r, np.where(s > r64, f32(np.inf), f32(-np.inf)).astype(f32))
-    # RN32(RN64(x)) != RN32(x) only when RN64(x) is an fp32 midpoint and the lost bits (err) break the tie
-    tie = (r64 != s) & ((other.astype(f64) + r64) / 2 == s) & (err != 0)
-    return np.where(tie & ((other.astype(f64) - s) * err > 0), other, r)
 
 
 def fast_quotient(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
