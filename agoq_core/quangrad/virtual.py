@@ -186,8 +186,8 @@ class VirtualQuanGradDDP(QuanGradDDP):
         """Nothing is launched during backward: the other ranks' gradients are not there yet."""
 
     def _finish_all(self) -> None:
+        self.last_errors = {}
         if self.track_errors:
-            self.last_errors = {}
             stored = {s.index: self._sum_stored(s.index) for s in self.layout.slots if s.index in self._exact}
         out = self._storages[0]
         for k, b in enumerate(self.layout.buckets):

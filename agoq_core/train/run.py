@@ -172,6 +172,7 @@ def _summary(cfg: TrainConfig, rt: Runtime, corpus, results: list[ArmResult], pa
         "train_loss_window": TRAIN_LOSS_WINDOW,
         "environment": {
             "device": str(rt.device), "dtype": rt.dtype, "world": rt.world, "dist_backend": rt.dist_backend,
+            "virtual_ranks": cfg.virtual_ranks,
             "agoq_backend": backend_name, "torch": torch.__version__, "transformers": tf_version,
             "python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
             "threads_per_process": torch.get_num_threads(), "threads_chosen_by": rt.threads_note,
@@ -196,6 +197,7 @@ def _write_outputs(cfg: TrainConfig, summary: dict[str, Any], path: Path) -> Non
 
         env = summary["environment"]
         title = (f"agoq train: {cfg.model}, {cfg.steps} steps x {cfg.tokens_per_step:,} tokens, "
-                 f"{env['device']} {env['dtype']}, {env['world']} proc")
+                 f"{env['device']} {env['dtype']}, {env['world']} proc"
+                 + (f", {cfg.virtual_ranks} virtual ranks" if cfg.virtual_ranks else ""))
         summary["plot"] = str(plot_curves(read_metrics(path / "metrics.jsonl"), path / "curves.png", title=title))
     (path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
