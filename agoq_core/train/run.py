@@ -199,5 +199,10 @@ def _write_outputs(cfg: TrainConfig, summary: dict[str, Any], path: Path) -> Non
         title = (f"agoq train: {cfg.model}, {cfg.steps} steps x {cfg.tokens_per_step:,} tokens, "
                  f"{env['device']} {env['dtype']}, {env['world']} proc"
                  + (f", {cfg.virtual_ranks} virtual ranks" if cfg.virtual_ranks else ""))
-        summary["plot"] = str(plot_curves(read_metrics(path / "metrics.jsonl"), path / "curves.png", title=title))
+        records = read_metrics(path / "metrics.jsonl")
+        summary["plot"] = str(plot_curves(records, path / "curves.png", title=title))
+        if cfg.grad_error_every and any(r["kind"] == "grad_error" for r in records):
+            from agoq_core.train.plot import plot_grad_errors
+
+            summary["grad_error_plot"] = str(plot_grad_errors(records, path / "grad-errors.png", title=title))
     (path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
