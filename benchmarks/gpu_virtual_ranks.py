@@ -13,6 +13,8 @@ gives its curves up to there and the table compares arms at the last evaluation 
     python benchmarks/gpu_virtual_ranks.py --cpu
     # seconds-long check of the script itself
     python benchmarks/gpu_virtual_ranks.py --smoke
+    # the table and plots again, from the run folders already there
+    python benchmarks/gpu_virtual_ranks.py --cpu --report-only
 
 Writes to $OUT (or --out): runs/ (one run folder per process), w<W>-curves.png, w<W>-val-gap.png,
 w<W>-grad-errors.png, virtual_ranks.json and virtual_ranks.md.
@@ -57,6 +59,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     for k, v in PRESETS["gpu"].items():
         ap.add_argument("--" + k.replace("_", "-"), type=type(v), default=None, help=f"(GPU preset: {v})")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--report-only", action="store_true",
+                    help="run nothing: rebuild the table and plots from the run folders already in --out")
     ap.add_argument("--out", default=None, help="output folder (default $OUT, else /tmp/agoq-virtual-ranks)")
     a = ap.parse_args(argv)
     preset = PRESETS["smoke" if a.smoke else "cpu" if a.cpu else "gpu"]
@@ -186,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     a = _args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    jobs = _run_jobs(a)
+    jobs = [] if a.report_only else _run_jobs(a)
     report = {
         "environment": harness.environment(a.device, preset="smoke" if a.smoke else "cpu" if a.cpu else "gpu"),
         "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
@@ -199,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     print(md)
     print(f"\nwrote {a.out}/virtual_ranks.json, virtual_ranks.md and the plots; total {report['wall_seconds']} s")
     failed = [j for j in jobs if j["returncode"] not in (0, None) and not j["stopped_by_time_limit"]]
+    if a.report_only and not any(s["compared_at_step"] for s in report["studies"]):
+        print(f"no comparable runs under {a.out}/runs")
+        return 1
     for j in failed:
         print(f"FAILED: W={j['world']} {j['arm']} (rc {j['returncode']}): see {a.out}/logs/w{j['world']}-{j['arm']}.log")
     return 1 if failed else 0

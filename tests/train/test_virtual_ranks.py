@@ -31,15 +31,17 @@ def _records(tmp_path: Path, name: str, kind: str) -> list[dict]:
 @pytest.mark.dist
 @pytest.mark.parametrize("world", [2, 4])
 def test_virtual_ranks_train_the_parameters_of_a_real_gloo_run(tmp_path, world):
-    real = _run(tmp_path, "real", "--nproc", str(world))
-    virt = _run(tmp_path, "virt", "--virtual-ranks", str(world))
+    # W = 4: no baseline arm (gloo's own ring order is not modelled, see below), to keep the test short.
+    arms = [] if world == 2 else ["--no-baseline"]
+    real = _run(tmp_path, "real", "--nproc", str(world), *arms)
+    virt = _run(tmp_path, "virt", "--virtual-ranks", str(world), *arms)
     r_arms = {a["name"]: a for a in real["arms"]}
     v_arms = {a["name"]: a for a in virt["arms"]}
-    assert list(v_arms) == ["baseline", "agoq", "naive-fp8-allreduce"]
+    assert list(v_arms) == ["baseline", "agoq", "naive-fp8-allreduce"][0 if world == 2 else 1:]
     assert all(a["status"] == "ok" for a in [*r_arms.values(), *v_arms.values()])
     assert virt["tokens_per_step"] == real["tokens_per_step"] == world * 2 * 2 * 32
     digests = {n: a["param_digest"] for n, a in v_arms.items()}
-    assert len(set(digests.values())) == 3, "the arms must train different parameters"
+    assert len(set(digests.values())) == len(digests), "the arms must train different parameters"
     # QuanGrad and the naive FP8 all-reduce sum in rank order by construction: bit-identical at any W.
     for name in ("agoq", "naive-fp8-allreduce"):
         assert v_arms[name]["param_digest"] == r_arms[name]["param_digest"], f"{name} at W={world}"
@@ -51,12 +53,11 @@ def test_virtual_ranks_train_the_parameters_of_a_real_gloo_run(tmp_path, world):
     for r, v in zip(r_steps, v_steps):
         assert (r["arm"], r["step"]) == (v["arm"], v["step"])
         assert v["loss"] == pytest.approx(r["loss"], rel=1e-6)
-        if r["arm"] != "baseline" or world == 2:
-            assert v["grad_norm"] == pytest.approx(r["grad_norm"], rel=1e-12)
+        assert v["grad_norm"] == pytest.approx(r["grad_norm"], rel=1e-12)
 
 
 def test_grad_error_records(tmp_path):
-    _run(tmp_path, "err", "--virtual-ranks", "4", "--grad-error-every", "2", "--no-baseline")
+    _run(tmp_path, "err", "--virtual-ranks", "2", "--grad-error-every", "2", "--no-baseline")
     recs = _records(tmp_path, "err", "grad_error")
     assert [(r["arm"], r["step"]) for r in recs] == [("agoq", 1), ("agoq", 3), ("naive-fp8-allreduce", 1),
                                                      ("naive-fp8-allreduce", 3)]
