@@ -39,6 +39,8 @@ __all__ = [
     "scatter_segments",
     "reduce_segment",
     "sum_segments_fp32",
+    "exchange_rows",
+    "all_reduce_storages",
     "WirePayload",
     "SimulatedAllReduce",
     "SimulatedReduceScatter",
@@ -241,16 +243,35 @@ def _check_rank_tensors(rank_tensors: list[torch.Tensor]) -> None:
                              f"rank {r} has {t.dtype}{list(t.shape)}")
 
 
+def exchange_rows(sends: list[torch.Tensor], dst: int) -> torch.Tensor:
+    """all_to_all_single in one process: what rank ``dst`` receives, row ``dst`` of every rank's send
+    buffer (uint8[W, S]) in source-rank order."""
+    return torch.stack([send[dst] for send in sends])
+
+
+def all_reduce_storages(codes: list[torch.Tensor], scales: list[torch.Tensor], plan: ChunkPlan,
+                        out_codes: torch.Tensor, out_scales: torch.Tensor, *,
+                        backend: "str | Backend | None" = None) -> list[WirePayload]:
+    """QuanGrad's all-reduce of one bucket for W = plan.world_size ranks in one process: rank r's
+    bucket storage is (codes[r], scales[r]); the result every real rank ends with is written to
+    (out_codes, out_scales), which may be one rank's own storage. Returns each rank's wire payload.
+
+    The same functions as the real path (collective.QuanGradOp) in the same order: pack, all-to-all,
+    reduce_segment (fp32 sum in rank order, requantize), all-gather, scatter."""
+    if len(codes) != plan.world_size or len(scales) != plan.world_size:
+        raise ValueError(f"a bucket planned for {plan.world_size} ranks needs {plan.world_size} storages, "
+                         f"got {len(codes)} codes and {len(scales)} scales")
+    sends = [pack_segments(c, s, plan) for c, s in zip(codes, scales)]  # rank r's uint8[W, S]
+    segs = [reduce_segment(exchange_rows(sends, r), plan, backend=backend) for r in range(plan.world_size)]
+    scatter_segments(torch.stack(segs), plan, out_codes, out_scales)
+    return [WirePayload(send.reshape(-1), seg) for send, seg in zip(sends, segs)]
+
+
 def _simulate_a2a(rank_tensors, spec, backend):
     w = len(rank_tensors)
     plan = ChunkPlan.for_numel(rank_tensors[0].numel(), w, spec)
-    sends = []
-    for t in rank_tensors:
-        codes, scales = quantize_padded(t, plan, backend=backend)
-        sends.append(pack_segments(codes, scales, plan))  # [W, S]
-    # all_to_all_single: rank r receives row r of every rank's send buffer, in source-rank order.
-    recvs = [torch.stack([sends[src][r] for src in range(w)]) for r in range(w)]
-    return plan, sends, recvs
+    storages = [quantize_padded(t, plan, backend=backend) for t in rank_tensors]
+    return plan, storages
 
 
 def simulate_all_reduce(rank_tensors: list[torch.Tensor], fmt: str | FormatSpec = "fp8_e4m3",
@@ -266,14 +287,12 @@ def simulate_all_reduce(rank_tensors: list[torch.Tensor], fmt: str | FormatSpec 
     if t0.numel() == 0:
         empty = torch.empty(0, dtype=torch.uint8, device=t0.device)
         return SimulatedAllReduce([WirePayload(empty, empty) for _ in rank_tensors], [t.clone() for t in rank_tensors])
-    plan, sends, recvs = _simulate_a2a(rank_tensors, spec, backend)
-    segs = [reduce_segment(recvs[r], plan, backend=backend) for r in range(plan.world_size)]
-    gathered = torch.stack(segs)
+    plan, storages = _simulate_a2a(rank_tensors, spec, backend)
     codes = torch.empty(plan.code_bytes, dtype=torch.uint8, device=t0.device)
     scales = torch.empty(plan.num_blocks, dtype=torch.float32, device=t0.device)
-    scatter_segments(gathered, plan, codes, scales)
+    payloads = all_reduce_storages([c for c, _ in storages], [s for _, s in storages], plan, codes, scales,
+                                   backend=backend)
     out = dequantize_bucket(codes, scales, plan, t0.numel(), t0.dtype, backend=backend).view(t0.shape)
-    payloads = [WirePayload(sends[r].reshape(-1), segs[r]) for r in range(plan.world_size)]
     return SimulatedAllReduce(payloads, [out.clone() for _ in range(plan.world_size)])
 
 
@@ -287,6 +306,7 @@ def simulate_reduce_scatter(rank_tensors: list[torch.Tensor], fmt: str | FormatS
         empty = torch.empty(0, dtype=torch.uint8)
         return SimulatedReduceScatter([empty] * len(rank_tensors),
                                       [torch.empty(0, dtype=torch.float32) for _ in rank_tensors], 0)
-    plan, sends, recvs = _simulate_a2a(rank_tensors, spec, backend)
-    shards = [sum_segments_fp32(recvs[r], plan, backend=backend) for r in range(plan.world_size)]
+    plan, storages = _simulate_a2a(rank_tensors, spec, backend)
+    sends = [pack_segments(c, s, plan) for c, s in storages]
+    shards = [sum_segments_fp32(exchange_rows(sends, r), plan, backend=backend) for r in range(plan.world_size)]
     return SimulatedReduceScatter([s.reshape(-1) for s in sends], shards, plan.chunk)

@@ -154,11 +154,8 @@ class QuanGradDDP(torch.nn.Module):
             )
         self.module = module
         self.config = cfg
-        if cfg.group is None and not (dist.is_available() and dist.is_initialized()):
-            self.rank, self.world_size = 0, 1  # single process: 8-bit storage, nothing to communicate
-        else:
-            self.rank, self.world_size = group_info(cfg.group)
-        if self.world_size > 1:  # first, so that a rank whose backend differs cannot strand the others
+        self.rank, self.world_size = self._rank_and_world(cfg)
+        if self._distributed:  # first, so that a rank whose backend differs cannot strand the others
             check_same_backend_across_ranks(cfg.group, cfg.backend)
         self.backend = get_backend(cfg.backend)
         if isinstance(cfg.fmt, str) and cfg.fmt.strip().lower() == "auto":
@@ -188,12 +185,12 @@ class QuanGradDDP(torch.nn.Module):
         self._params = [p for _, p in named]
         self.param_names = [n for n, _ in named]
 
-        if cfg.broadcast_params and self.world_size > 1:
+        if cfg.broadcast_params and self._distributed:
             self._broadcast_from_rank0()
         self.layout: BucketLayout = plan_buckets(named, world_size=self.world_size, spec=spec,
                                                  cap_numel=cfg.bucket_cap_numel, path_for=self._path_for,
                                                  sharded=cfg.sharded)
-        if self.world_size > 1:
+        if self._distributed:
             check_layout_across_ranks(self.layout, group=cfg.group, device=self.device, backend=self.backend)
         self.storage = GradStorage(self.layout, self.device, self.backend)
 
@@ -225,6 +222,17 @@ class QuanGradDDP(torch.nn.Module):
         log.info("%s", self.report)
 
     # ---- setup helpers ---------------------------------------------------------------------------------
+    def _rank_and_world(self, cfg: QuanGradConfig) -> tuple[int, int]:
+        if cfg.group is None and not (dist.is_available() and dist.is_initialized()):
+            return 0, 1  # single process: 8-bit storage, nothing to communicate
+        return group_info(cfg.group)
+
+    @property
+    def _distributed(self) -> bool:
+        """Whether the ranks are other processes (setup collectives needed); False for virtual ranks
+        (agoq_core.quangrad.virtual), which all live in this process."""
+        return self.world_size > 1
+
     def _path_for(self, padded: int) -> tuple[str, str]:
         cfg = self.config
         if self.world_size == 1:

@@ -38,7 +38,8 @@ def check_recipe(name: str, cfg: TrainConfig) -> Recipe:
     if recipe.quangrad and recipe.quangrad.get("collective") == "naive_fp8" and cfg.dp < 2:
         # QuanGrad reduces nothing in a one-process group, so this arm would be the agoq arm again.
         raise ArmUnavailable("the naive FP8 all-reduce differs from QuanGrad's only when gradients are summed "
-                             "across data-parallel ranks; run it with --nproc 2 or more (and --pp 1)")
+                             "across data-parallel ranks; run it with --nproc 2 or more (and --pp 1), or "
+                             "--virtual-ranks 2 or more")
     if recipe.quangrad and recipe.quangrad.get("collective") == "naive_fp8":
         from agoq_core.backend import get_backend
         from agoq_core.formats.policy import fp8_cast_unavailable
@@ -69,7 +70,13 @@ def make_agoq_arm(name: str, model, rt: Runtime, cfg: TrainConfig, *, laaq_confi
     arm = Arm(name=name, model=model, rt=rt, cfg=cfg)
     arm.laaq_report = report
     try:
-        wrapper = quangrad.QuanGradDDP(model, lambda ps: make_optimizer(ps, cfg, cfg.agoq_optimizer), config=qcfg)
+        build = lambda ps: make_optimizer(ps, cfg, cfg.agoq_optimizer)  # noqa: E731
+        if cfg.virtual_ranks:
+            from agoq_core.quangrad.virtual import VirtualQuanGradDDP
+
+            wrapper = VirtualQuanGradDDP(model, build, world_size=cfg.virtual_ranks, config=qcfg)
+        else:
+            wrapper = quangrad.QuanGradDDP(model, build, config=qcfg)
     except BaseException:
         if report is not None:
             report.undo()

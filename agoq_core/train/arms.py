@@ -42,6 +42,7 @@ class Arm:
     notes: list[str] = field(default_factory=list)
     laaq_report: Any = None
     masters: "MasterWeights | None" = None   # baseline with bf16 weights: fp32 copies the optimizer steps
+    grad_sum: Any = None            # --virtual-ranks, .grad arms: the simulated DDP all-reduce (VirtualGradSum)
 
     # ---- one optimizer step ---------------------------------------------------------------------
     def forward_backward(self, batch: torch.Tensor, *, scale: float, last: bool,
@@ -67,6 +68,31 @@ class Arm:
             (loss * scale).backward()
         return float(loss.detach())
 
+    # ---- --virtual-ranks (agoq_core.quangrad.virtual) --------------------------------------------
+    def begin_rank(self, rank: int) -> None:
+        """The next micro-batches are virtual rank ``rank``'s (no-op without --virtual-ranks)."""
+        if self.quangrad is not None and hasattr(self.quangrad, "set_rank"):
+            self.quangrad.set_rank(rank)
+
+    def end_rank(self) -> None:
+        """This rank's micro-batches are done: its ``.grad`` joins the simulated all-reduce."""
+        if self.grad_sum is not None:
+            self.grad_sum.end_rank()
+
+    def track_grad_errors(self, on: bool) -> bool:
+        """Measure this step's reduced-gradient errors (QuanGrad arms with virtual ranks); False if the
+        arm has none to measure."""
+        qg = self.quangrad
+        if qg is None or not hasattr(qg, "track_errors"):
+            return False
+        qg.track_errors = on
+        return on
+
+    def grad_errors(self) -> dict[str, Any]:
+        """Per parameter: [normalised L2 error, the collective's share, exact norm] of the last step."""
+        errs = getattr(self.quangrad, "last_errors", None) or {}
+        return {n: [e.error, e.collective_error, e.norm] for n, e in errs.items()}
+
     def grad_storage_bytes(self) -> int:
         """Bytes holding gradients now (called after the last backward of a step, before the update)."""
         extra: list[torch.Tensor] = []
@@ -83,6 +109,8 @@ class Arm:
         if self.quangrad is not None:
             out = self.quangrad.step()
             return float(out.grad_norm), bool(out.skipped)
+        if self.grad_sum is not None:
+            self.grad_sum.finish()
         stepped = self.masters.load_grads() if self.masters is not None else list(self.model.parameters())
         clip = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
         norm = torch.nn.utils.clip_grad_norm_(stepped, clip)
@@ -164,6 +192,11 @@ def make_baseline_arm(model: torch.nn.Module, rt: Runtime, cfg: TrainConfig) -> 
                       gradient_as_bucket_view=True)
         arm.notes.append(f"DDP over {rt.world} ranks ({rt.dist_backend})")
     params = list(model.parameters())
+    if cfg.virtual_ranks:
+        from agoq_core.quangrad.virtual import VirtualGradSum
+
+        arm.grad_sum = VirtualGradSum(params, cfg.virtual_ranks)
+        arm.notes.append(f"{cfg.virtual_ranks} virtual ranks: .grad summed in fp32 in rank order (DDP's arithmetic)")
     if any(p.dtype != torch.float32 for p in params):
         arm.masters = MasterWeights(params)
         params = arm.masters.fp32

@@ -78,6 +78,14 @@ class TrainConfig:
     pp_microbatches: int = _opt(0, HARDWARE, "pipeline micro-batches per step (default: 2*pp)")
     pp_schedule: str = _opt("1f1b", HARDWARE, "gpipe, 1f1b (default) or interleaved-1f1b")
     threads: int = _opt(0, HARDWARE, "torch threads per process, 0 = cores / processes")
+    virtual_ranks: int = _opt(0, HARDWARE, "simulate W data-parallel ranks in this one process (a numerics tool, "
+                              "not a speed model): each step runs the W ranks' micro-batches, split as --nproc W "
+                              "splits the data, and reduces their gradients with the collective's own arithmetic; "
+                              "0 = off (default: 0)", metavar="W")
+    grad_error_every: int = _opt(0, HARDWARE, "with --virtual-ranks: every N steps, record each parameter's "
+                                 "reduced-gradient error against the exact fp32 sum of the ranks' gradients "
+                                 "(QuanGrad arms; 'grad_error' records in metrics.jsonl); 0 = off (default: 0)",
+                                 metavar="N")
     # evaluation and output
     eval_every: int = _opt(50, DATA, "evaluate every N steps, 0 = only at the end (50)")
     eval_tokens: int = _opt(16384, DATA, "held-out tokens per evaluation (default: 16384)")
@@ -96,7 +104,8 @@ class TrainConfig:
         if self.warmup_steps is None:  # derived last: from the merged steps, whatever set them
             object.__setattr__(self, "warmup_steps", self.steps // 10)
             object.__setattr__(self, "_derived", frozenset({"warmup_steps"}))
-        for name in ("warmup_steps", "eval_every", "threads", "pp_microbatches", "seed"):
+        for name in ("warmup_steps", "eval_every", "threads", "pp_microbatches", "seed", "virtual_ranks",
+                     "grad_error_every"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{name} must be an integer >= 0, got {v!r}")
@@ -129,6 +138,14 @@ class TrainConfig:
             raise ConfigError(
                 f"nproc ({self.nproc}) must be a multiple of pp ({self.pp}): nproc = pp * data-parallel size"
             )
+        if self.virtual_ranks and (self.nproc > 1 or self.pp > 1):
+            raise ConfigError(
+                f"--virtual-ranks {self.virtual_ranks} simulates the data-parallel ranks in one process; it does "
+                f"not combine with --nproc {self.nproc} / --pp {self.pp}: use --nproc 1 --pp 1"
+            )
+        if self.grad_error_every and not self.virtual_ranks:
+            raise ConfigError("--grad-error-every needs --virtual-ranks W (the exact sum needs every rank's "
+                              "gradient in one process)")
         if self.pp > 1 and self.dp > 1:
             raise ConfigError(
                 f"--pp {self.pp} with --nproc {self.nproc} would mean {self.dp} data-parallel pipeline replicas, "
@@ -147,7 +164,8 @@ class TrainConfig:
     # derived quantities
     @property
     def dp(self) -> int:
-        return self.nproc // self.pp
+        """Data-parallel ranks: processes, or the simulated ranks of ``--virtual-ranks``."""
+        return self.virtual_ranks or self.nproc // self.pp
 
     @property
     def num_pp_microbatches(self) -> int:

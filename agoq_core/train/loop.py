@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import hashlib
 import math
 import sys
 import time
@@ -22,11 +23,14 @@ from agoq_core.train.pipeline import make_pipeline_arm
 from agoq_core.train.recipes import describe_arm
 from agoq_core.train.runtime import Runtime
 
-__all__ = ["ArmResult", "train_arm", "make_arm", "lr_schedule", "TRAIN_LOSS_WINDOW"]
+__all__ = ["ArmResult", "train_arm", "make_arm", "lr_schedule", "param_digest", "TRAIN_LOSS_WINDOW", "GRAD_ERROR_FIELDS"]
 
 # The "final train loss" of the table is the mean over the last steps: one step's loss on 1K tokens
 # swings by ~0.1 nats at this scale, which would hide a 1% difference between arms.
 TRAIN_LOSS_WINDOW = 10
+
+#: What each parameter's entry of a "grad_error" record holds (--grad-error-every).
+GRAD_ERROR_FIELDS = ("error", "collective_error", "exact_norm")
 
 
 @dataclass
@@ -44,6 +48,7 @@ class ArmResult:
     memory: dict[str, int | None] = field(default_factory=dict)
     activation_detail: dict[str, Any] | None = None   # per layer and part, from LAAQ's meter
     memory_per_rank: list[dict[str, Any]] | None = None  # pipeline runs: each stage's own measurements
+    param_digest: str | None = None        # sha256 of the final parameters (names and bytes); None with --pp
 
     @property
     def final_val_loss(self) -> float | None:
@@ -66,7 +71,7 @@ class ArmResult:
             "final_val_loss": self.final_val_loss, "tokens_per_s": self.tokens_per_s,
             "skipped_steps": self.skipped_steps, "train_seconds": self.train_seconds, "memory": dict(self.memory), "notes": list(self.notes),
             "evals": list(self.evals), "activation_detail": self.activation_detail,
-            "memory_per_rank": self.memory_per_rank,
+            "memory_per_rank": self.memory_per_rank, "param_digest": self.param_digest,
         }
 
 
@@ -152,19 +157,25 @@ def train_arm(name: str, cfg: TrainConfig, rt: Runtime, corpus: Corpus,
     try:
         for step in range(cfg.steps):
             lr = schedule.get_last_lr()[0]
-            batches = corpus.step_batches(step, seed=cfg.seed, micro_batch=cfg.micro_batch,
-                                          grad_accum=cfg.grad_accum, dp=cfg.dp, rank=rt.rank // cfg.pp)
+            # --virtual-ranks W: this process runs the micro-batches of data-parallel ranks 0..W-1 in turn
+            ranks = range(cfg.virtual_ranks) if cfg.virtual_ranks else [rt.rank // cfg.pp]
+            errors_now = bool(cfg.grad_error_every) and arm.track_grad_errors(step % cfg.grad_error_every == 0)
             _sync(rt)
             t0 = time.perf_counter()
             losses = []
-            for k, batch in enumerate(batches):
-                last = k == len(batches) - 1
-                if step == measure_step and k == 0:
-                    losses.append(_measured_micro_batch(arm, batch, scale, last, res))
-                else:
-                    losses.append(arm.forward_backward(batch, scale=scale, last=last))
-            if step == measure_step:
-                res.memory["gradients"] = arm.grad_storage_bytes()
+            for v in ranks:
+                batches = corpus.step_batches(step, seed=cfg.seed, micro_batch=cfg.micro_batch,
+                                              grad_accum=cfg.grad_accum, dp=cfg.dp, rank=v)
+                arm.begin_rank(v)
+                for k, batch in enumerate(batches):
+                    last = k == len(batches) - 1
+                    if step == measure_step and k == 0 and v == ranks[0]:
+                        losses.append(_measured_micro_batch(arm, batch, scale, last, res))
+                    else:
+                        losses.append(arm.forward_backward(batch, scale=scale, last=last))
+                if step == measure_step and v == ranks[0]:  # one rank's gradients, as on a real rank
+                    res.memory["gradients"] = arm.grad_storage_bytes()
+                arm.end_rank()
             grad_norm, skipped = arm.step(lr)
             schedule.step()
             _sync(rt)
@@ -182,6 +193,9 @@ def train_arm(name: str, cfg: TrainConfig, rt: Runtime, corpus: Corpus,
                    "tokens": (step + 1) * cfg.tokens_per_step}
             res.steps.append(rec)
             emit(rec)
+            if errors_now:
+                emit({"kind": "grad_error", "arm": name, "step": step + 1, "fields": list(GRAD_ERROR_FIELDS),
+                      "errors": arm.grad_errors()})
             if not math.isfinite(loss):
                 raise FloatingPointError(f"arm {name}: loss became {loss} at step {step + 1}")
             if (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step + 1 == cfg.steps:
@@ -211,12 +225,24 @@ def train_arm(name: str, cfg: TrainConfig, rt: Runtime, corpus: Corpus,
     if mem_stats is not None:
         _sync(rt)
         res.memory["peak_device"] = int(mem_stats.max_memory_allocated(rt.device))
+    if res.status == "ok" and cfg.pp == 1:
+        res.param_digest = param_digest(arm.model)
     if hasattr(arm, "gather_memory") and res.status == "ok":
         res.memory, res.memory_per_rank = arm.gather_memory(res.memory)
     arm.close()
     del arm, model
     gc.collect()
     return res
+
+
+def param_digest(model: torch.nn.Module) -> str:
+    """sha256 over every parameter's name and bytes: two runs that trained bit-identical parameters (e.g.
+    ``--nproc W`` and ``--virtual-ranks W``) have the same digest."""
+    h = hashlib.sha256()
+    for name, p in model.named_parameters():
+        h.update(name.encode())
+        h.update(p.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()
 
 
 def _measured_micro_batch(arm, batch: torch.Tensor, scale: float, last: bool, res: ArmResult) -> float:

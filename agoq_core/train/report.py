@@ -119,7 +119,9 @@ def render_table(summary: dict[str, Any]) -> str:
     lines.append(
         f"\nmodel {summary['config']['model']} ({_params(arms)} parameters), {summary['config']['steps']} steps x "
         f"{summary['tokens_per_step']:,} tokens, device {env.get('device')} ({env.get('dtype')}), "
-        f"{env.get('world', 1)} process(es), agoq backend {env.get('agoq_backend')}"
+        f"{env.get('world', 1)} process(es)"
+        + (f" simulating {env['virtual_ranks']} data-parallel ranks" if env.get("virtual_ranks") else "")
+        + f", agoq backend {env.get('agoq_backend')}"
     )
     for arm, c in (summary.get("checks") or {}).items():
         where = "within" if c["within_tolerance"] else "outside"

@@ -172,6 +172,7 @@ def _summary(cfg: TrainConfig, rt: Runtime, corpus, results: list[ArmResult], pa
         "train_loss_window": TRAIN_LOSS_WINDOW,
         "environment": {
             "device": str(rt.device), "dtype": rt.dtype, "world": rt.world, "dist_backend": rt.dist_backend,
+            "virtual_ranks": cfg.virtual_ranks,
             "agoq_backend": backend_name, "torch": torch.__version__, "transformers": tf_version,
             "python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
             "threads_per_process": torch.get_num_threads(), "threads_chosen_by": rt.threads_note,
@@ -196,6 +197,12 @@ def _write_outputs(cfg: TrainConfig, summary: dict[str, Any], path: Path) -> Non
 
         env = summary["environment"]
         title = (f"agoq train: {cfg.model}, {cfg.steps} steps x {cfg.tokens_per_step:,} tokens, "
-                 f"{env['device']} {env['dtype']}, {env['world']} proc")
-        summary["plot"] = str(plot_curves(read_metrics(path / "metrics.jsonl"), path / "curves.png", title=title))
+                 f"{env['device']} {env['dtype']}, {env['world']} proc"
+                 + (f", {cfg.virtual_ranks} virtual ranks" if cfg.virtual_ranks else ""))
+        records = read_metrics(path / "metrics.jsonl")
+        summary["plot"] = str(plot_curves(records, path / "curves.png", title=title))
+        if cfg.grad_error_every and any(r["kind"] == "grad_error" for r in records):
+            from agoq_core.train.plot import plot_grad_errors
+
+            summary["grad_error_plot"] = str(plot_grad_errors(records, path / "grad-errors.png", title=title))
     (path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
