@@ -22,6 +22,7 @@ from agoq_core import api
 from agoq_core.backend import check_same_backend_across_ranks, get_backend
 from agoq_core.formats.spec import FormatSpec
 from agoq_core.quangrad import protocol as P
+from agoq_core.quangrad.agree import agree_across_ranks
 from agoq_core.quangrad.config import resolve_spec
 
 if TYPE_CHECKING:
@@ -270,6 +271,16 @@ def _check_tensor(t: object, what: str) -> torch.Tensor:
     return t
 
 
+def _agree(t: torch.Tensor, spec: FormatSpec, be: "Backend", group: Any, what: str) -> None:
+    """One tiny all-gather before the payload: padding would hide a size mismatch and a format
+    mismatch would decode as NaN, so ranks compare (numel, format, block, dtype, backend) first."""
+    header = {"numel": t.numel(), "fmt": spec.name, "block": spec.block,
+              "dtype": str(t.dtype).replace("torch.", ""), "backend": be.name}
+    agree_across_ranks(header, group=group, device=t.device, backend=be, what=what,
+                       fix="Every rank must pass a tensor of the same size and dtype with the same fmt, block "
+                           "and backend (as with torch.distributed.all_reduce).")
+
+
 def all_reduce_(t: torch.Tensor, *, group: Any = None, fmt: str | FormatSpec = "fp8_e4m3", block: int | None = None,
                 backend: "str | Backend | None" = None) -> torch.Tensor:
     """In place: ``t`` <- QuanGrad all-reduce (SUM) of ``t`` over ``group``; every rank ends with the
@@ -278,7 +289,8 @@ def all_reduce_(t: torch.Tensor, *, group: Any = None, fmt: str | FormatSpec = "
     ``t`` is quantized block-wise (``fmt``, ``block``: default 256), cut into world_size chunks of
     whole blocks (zero padding when its size does not divide), exchanged with an all-to-all, summed in
     fp32 in rank order, requantized and all-gathered. NaN/Inf anywhere in a block on any rank makes
-    that block NaN on every rank. Every rank must pass the same shape and dtype.
+    that block NaN on every rank. Every rank must pass the same size, dtype, fmt, block and backend:
+    a small header exchanged first checks it and raises ``RankMismatchError`` on every rank otherwise.
     """
     _check_tensor(t, "all_reduce_")
     spec = resolve_spec(fmt, block)
@@ -286,7 +298,8 @@ def all_reduce_(t: torch.Tensor, *, group: Any = None, fmt: str | FormatSpec = "
     check_same_backend_across_ranks(group, backend, once=True)
     be = get_backend(backend)
     n = t.numel()
-    if n == 0:
+    _agree(t, spec, be, group, "quangrad.all_reduce_")
+    if n == 0:  # every rank agreed on 0 elements: nothing to exchange
         return t
     plan = P.ChunkPlan.for_numel(n, world, spec)
     codes, scales = P.quantize_padded(t, plan, backend=be)
@@ -320,6 +333,7 @@ def reduce_scatter(t: torch.Tensor, *, group: Any = None, fmt: str | FormatSpec 
     check_same_backend_across_ranks(group, backend, once=True)
     be = get_backend(backend)
     n = t.numel()
+    _agree(t, spec, be, group, "quangrad.reduce_scatter")
     if n == 0:
         return ReduceScatterResult(torch.empty(0, dtype=torch.float32, device=t.device), 0, 0, 0)
     plan = P.ChunkPlan.for_numel(n, world, spec)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 
-from agoq_core.errors import AgoqError
+from agoq_core.errors import RankMismatchError
 from agoq_core.formats.spec import FormatSpec
 from agoq_core.quangrad.protocol import padded_numel
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["ParamSlot", "Bucket", "BucketLayout", "plan_buckets", "check_layout_across_ranks", "LayoutMismatchError"]
 
 
-class LayoutMismatchError(AgoqError, RuntimeError):
+class LayoutMismatchError(RankMismatchError, RuntimeError):
     """Ranks built different QuanGrad bucket layouts (different models, configs or world sizes)."""
 
 
@@ -136,6 +136,11 @@ def check_layout_across_ranks(layout: BucketLayout, *, group: Any, device: torch
     LayoutMismatchError on every rank (one fixed-size all-gather, so it cannot hang)."""
     import torch.distributed as dist
 
+    from agoq_core.quangrad.agree import agree_across_ranks
+
+    # The layout does not name the backend; ranks on different backends would mix their codecs.
+    agree_across_ranks({"backend": backend.name}, group=group, device=device, backend=backend,
+                       what="QuanGradDDP setup", fix="Every rank must select the same backend (AGOQ_BACKEND).")
     world = dist.get_world_size(group)
     mine = torch.frombuffer(bytearray(bytes.fromhex(layout.digest)), dtype=torch.uint8).to(device)
     allh = torch.empty(world, mine.numel(), dtype=torch.uint8, device=device)
