@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 #: Version of the numerics contract in docs/formats.md. Bump it when any code or scale changes.
-SPEC_VERSION = 1
+SPEC_VERSION = 2
 
 #: Smallest positive normal fp32 (2**-126). Inputs and scales below it are flushed to zero so that
 #: flush-to-zero hardware (and Triton's FTZ defaults) cannot change a code (docs/formats.md §3).
