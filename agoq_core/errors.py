@@ -13,6 +13,7 @@ __all__ = [
     "BackendMismatchError",
     "NonFiniteError",
     "RankMismatchError",
+    "UsageError",
 ]
 
 
@@ -59,3 +60,7 @@ class NonFiniteError(AgoqError, FloatingPointError):
 class RankMismatchError(AgoqError, ValueError):
     """Ranks called a collective (or built a data-parallel wrapper) with inputs that disagree: sizes,
     formats, blocks, dtypes or backends. Raised with the same message on every rank."""
+
+
+class UsageError(AgoqError, ValueError):
+    """Command-line arguments or configuration values that are invalid or inconsistent together."""

@@ -8,6 +8,8 @@ import os
 import sys
 import tempfile
 
+from agoq_core.cli.argtypes import non_negative_int
+
 
 def _need_suite():
     try:
@@ -107,16 +109,6 @@ def _compare(args: argparse.Namespace) -> int:
     return 1
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
-
-
 def register(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="conformance_command", metavar="ACTION", required=True)
     r = sub.add_parser("run", help="run the suite against a backend and write a JSON report")
@@ -131,6 +123,6 @@ def register(p: argparse.ArgumentParser) -> None:
     c.add_argument("a")
     c.add_argument("b")
     c.add_argument("--ignore-skips", action="store_true", help="cases skipped on either side do not count")
-    c.add_argument("--max-lines", type=_non_negative_int, default=50,
+    c.add_argument("--max-lines", type=non_negative_int, default=50,
                    help="print at most this many differences (0: only the count)")
     c.set_defaults(func=_compare)

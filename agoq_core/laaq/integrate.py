@@ -501,6 +501,12 @@ def apply(model: nn.Module, config: LAAQConfig | None = None, *,
         raise AgoqError(f"LAAQ does not support the {r.name!r} family ({n}): {r.unsupported}")
     core = _chain(model)[-1]
     alias_hint = _alias_hint(core)
+    indices = [_layer_index(layer, row, order) for order, (_, layer, row) in enumerate(layers)]
+    unknown = sorted(set(config.layer_overrides) - set(indices))
+    if unknown:  # an override that matches no layer would be silently ignored
+        raise AgoqError(
+            f"LAAQConfig.layer_overrides names layer(s) {unknown} but {type(model).__name__} has decoder layers "
+            f"{_ranges(indices)}; fix the indices (0-based, HF self_attn.layer_idx)")
     report = LAAQReport(type(model).__name__, config)
     conv = _Converter(report, config)
     try:
@@ -540,6 +546,11 @@ def apply(model: nn.Module, config: LAAQConfig | None = None, *,
         owner.__dict__[_REPORT_ATTR] = report
     log.info("%s", report)
     return report
+
+
+def _ranges(xs: list[int]) -> str:
+    xs = sorted(set(xs))
+    return f"{xs[0]}..{xs[-1]}" if xs == list(range(xs[0], xs[-1] + 1)) and len(xs) > 2 else str(xs)
 
 
 def _convert_final(conv: _Converter, report: LAAQReport, model: nn.Module, core: nn.Module, row: LayerFamily,
