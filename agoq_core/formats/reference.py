@@ -94,7 +94,8 @@ def quantize_blocks(x: torch.Tensor, spec: FormatSpec) -> tuple[torch.Tensor, to
     """Quantize the flattened ``x`` -> (packed uint8 codes, fp32 scales[NB]).
 
     Steps (docs/formats.md §3): fp32 -> flush subnormals -> per-block non-finite flag and absmax ->
-    scale = absmax / qmax (scales below 2**-126 become 0, one step down if qmax x scale overflows) -> v = x / scale -> encode -> pack.
+    scale = absmax / qmax (scales below 2**-126 become 0, one step down if qmax x scale overflows) ->
+    v = x / scale -> encode -> pack.
     """
     n = x.numel()
     nb = spec.num_blocks(n)
