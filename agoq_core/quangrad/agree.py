@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -42,20 +42,30 @@ def _decode(row: bytes) -> dict[str, Any]:
         return {"header": row.rstrip(b"\0").hex()[:32] + "..."}
 
 
-def agree_across_ranks(header: dict[str, Any], *, group: Any, device: torch.device, backend: "Backend",
-                       what: str, fix: str) -> None:
+def agree_across_ranks(header: dict[str, Any], *, group: Any, device: torch.device, backend: "Backend | None",
+                       what: str, fix: str,
+                       special: "Callable[[list[dict[str, Any]]], Exception | None] | None" = None) -> None:
     """Collective: all-gather ``header`` (JSON-able, small) and raise ``RankMismatchError`` on every
-    rank if any rank's header differs. ``what`` names the call, ``fix`` says what must agree."""
+    rank if any rank's header differs (or the exception ``special(headers)`` returns). ``what`` names the
+    call, ``fix`` says what must agree.
+    ``backend=None`` uses torch.distributed directly (for a rank whose backend selection failed)."""
     import torch.distributed as dist
 
     world = dist.get_world_size(group)
     mine = torch.frombuffer(bytearray(_encode(header)), dtype=torch.uint8).to(device)
     allh = torch.empty(world, HEADER_BYTES, dtype=torch.uint8, device=device)
-    backend.all_gather_bytes(allh, mine, group=group)
+    if backend is not None:
+        backend.all_gather_bytes(allh, mine, group=group)
+    else:
+        fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        fn(allh.view(-1), mine, group=group)
     rows = [bytes(r.tolist()) for r in allh.cpu()]
     if all(r == rows[0] for r in rows):
         return
     heads = [_decode(r) for r in rows]
+    exc = special(heads) if special is not None else None  # a more specific error for some fields
+    if exc is not None:
+        raise exc
     keys = sorted({k for h in heads for k in h})
     diffs = [f"{k}: " + ", ".join(f"rank {r}={h.get(k)!r}" for r, h in enumerate(heads))
              for k in keys if len({json.dumps(h.get(k), sort_keys=True) for h in heads}) > 1]

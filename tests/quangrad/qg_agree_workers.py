@@ -21,6 +21,7 @@ def mismatches(rank: int, world: int) -> dict:
 
     class OtherBackend(ReferenceBackend):
         name = "other"
+        device_type = "cpu"  # set by the manager for registered backends; this one is passed as an object
 
     def ar(n, **kw):
         t = torch.full((n,), float(rank + 1), dtype=kw.pop("dtype", torch.float32))

@@ -28,7 +28,6 @@ def mism():
     ("fmt", "fmt", ("'fp8_e4m3'", "'int8'")),
     ("block", "block", ("32", "64")),
     ("dtype", "dtype", ("'float32'", "'bfloat16'")),
-    ("backend", "backend", ("'reference'", "'other'")),
     ("empty_one", "numel", ("0", "10")),
     ("rs_size", "numel", ("64", "128")),
     ("hook_fmt", "fmt", ("'fp8_e4m3'", "'fp8_e5m2'")),
@@ -40,6 +39,13 @@ def test_mismatch_raises_the_same_error_on_every_rank(mism, case, field, values)
     msg = errs[0][1]
     assert f"{field}: rank 0={values[0]}, rank 1={values[1]}" in msg, msg
     assert "Every rank must" in msg
+
+
+def test_backend_mismatch_raises_the_same_error_on_every_rank(mism):
+    # after earlier calls on the same group (a once-per-group check would let the ranks' collectives diverge)
+    errs = [r["backend"] for r in mism]
+    assert errs[0][0] == "BackendMismatchError" and errs[0] == errs[1]
+    assert "rank 0: reference (cpu); rank 1: other (cpu)" in errs[0][1]
 
 
 def test_matching_calls_still_work(mism):
