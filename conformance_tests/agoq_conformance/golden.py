@@ -148,12 +148,16 @@ def _write() -> None:
     DATA.mkdir(parents=True, exist_ok=True)
     g = build_golden()
     torch.save(g, GOLDEN_PATH)
+    # keep the entries of the other golden files (golden_mx_*.pt); drop older versions of this one
+    old = json.loads(MANIFEST_PATH.read_text())["files"] if MANIFEST_PATH.exists() else {}
+    files = {k: v for k, v in old.items() if not k.startswith("golden_v") and (DATA / k).exists()}
+    files[GOLDEN_PATH.name] = {"sha256": _file_sha256(GOLDEN_PATH), "bytes": GOLDEN_PATH.stat().st_size,
+                               "cases": len(g["cases"])}
     MANIFEST_PATH.write_text(json.dumps({
         "spec_version": SPEC_VERSION,
         "generator": "agoq_conformance.golden.build_golden (reference backend, CPU, torch "
                      f"{torch.__version__})",
-        "files": {GOLDEN_PATH.name: {"sha256": _file_sha256(GOLDEN_PATH), "bytes": GOLDEN_PATH.stat().st_size,
-                                     "cases": len(g["cases"])}},
+        "files": dict(sorted(files.items(), key=lambda kv: kv[0] != GOLDEN_PATH.name)),
     }, indent=2) + "\n")
     print(f"wrote {GOLDEN_PATH} ({GOLDEN_PATH.stat().st_size} bytes, {len(g['cases'])} cases)")
 
