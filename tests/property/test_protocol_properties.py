@@ -18,6 +18,8 @@ from agoq_core.quangrad.config import GRADIENT_FORMATS, resolve_spec
 from . import spec_oracle as O
 from .conftest import PROFILE
 
+# the absmax-scaled gradient formats of docs/formats.md §1-§4 (the MX formats of §9 have their own tests)
+ABSMAX_FORMATS = sorted(f for f in GRADIENT_FORMATS if f in O.BITS)
 SPECIALS = [0.0, -0.0, 1e-40, -1e-30, 3.0e38, -3.0e38, 1e4, float("nan"), float("inf")]
 
 
@@ -53,7 +55,7 @@ def _check(ranks, fmt, block):
 
 
 @settings(PROFILE)
-@given(ranks=rank_inputs(), fmt=st.sampled_from(sorted(GRADIENT_FORMATS)), block=st.sampled_from([None, 32, 64]),
+@given(ranks=rank_inputs(), fmt=st.sampled_from(ABSMAX_FORMATS), block=st.sampled_from([None, 32, 64]),
        order=st.randoms(use_true_random=False))
 def test_all_reduce_matches_the_wire_protocol_in_any_rank_order(ranks, fmt, block, order):
     _check(ranks, fmt, block)
