@@ -97,12 +97,12 @@ def register(p: argparse.ArgumentParser) -> None:
                    help="HF model family (default llama)")
     p.add_argument("--preset", default="tiny", choices=list(MODELS),
                    help="shape preset (agoq_core.models); --hidden/--layers/... override its fields (default tiny)")
-    p.add_argument("--layers", type=positive_int, default=None)
-    p.add_argument("--hidden", type=positive_int, default=None)
-    p.add_argument("--intermediate", type=positive_int, default=None)
-    p.add_argument("--heads", type=positive_int, default=None)
-    p.add_argument("--kv-heads", type=positive_int, default=None)
-    p.add_argument("--vocab", type=positive_int, default=None)
+    p.add_argument("--layers", type=int, default=None)  # checked by ModelShape
+    p.add_argument("--hidden", type=int, default=None)  # checked by ModelShape
+    p.add_argument("--intermediate", type=int, default=None)  # checked by ModelShape
+    p.add_argument("--heads", type=int, default=None)  # checked by ModelShape
+    p.add_argument("--kv-heads", type=int, default=None)  # checked by ModelShape
+    p.add_argument("--vocab", type=int, default=None)  # checked by ModelShape
     p.add_argument("--batch", type=positive_int, default=1)
     p.add_argument("--seq", type=positive_int, default=512)
     p.add_argument("--dtype", default="bf16", choices=sorted(_DTYPES))
