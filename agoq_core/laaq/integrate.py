@@ -503,12 +503,13 @@ def apply(model: nn.Module, config: LAAQConfig | None = None, *,
     alias_hint = _alias_hint(core)
     indices = [_layer_index(layer, row, order) for order, (_, layer, row) in enumerate(layers)]
     unknown = sorted(set(config.layer_overrides) - set(indices))
-    if unknown:  # an override that matches no layer would be silently ignored
-        raise AgoqError(
-            f"LAAQConfig.layer_overrides names layer(s) {unknown} but {type(model).__name__} has decoder layers "
-            f"{_ranges(indices)}; fix the indices (0-based, HF self_attn.layer_idx)")
     report = LAAQReport(type(model).__name__, config)
     conv = _Converter(report, config)
+    if unknown:  # never silent: a pipeline stage legitimately holds a subset of the layers, so it is reported
+        conv.skip("layer_overrides", f"overrides for layer(s) {unknown} match no decoder layer of this "
+                                     f"{type(model).__name__} (its layers: {_ranges(indices)}; 0-based, HF "
+                                     "self_attn.layer_idx)")
+        log.warning("agoq LAAQ: %s", report.skipped[-1].reason)
     try:
         last_row = None
         for order, (name, layer, row) in enumerate(layers):
