@@ -37,9 +37,6 @@ def test_agoq_backends_reports_the_conflict_and_fails(evil, capsys):
 
 
 def test_selection_fails_clearly(evil, monkeypatch):
-    with pytest.raises(PluginError, match="'reference' is registered by several plugins.*pip uninstall agoq-evil-plugin"):
-        get_backend()  # auto-selection falls back to reference: refused, not a later failure
-    manager.reset()
     monkeypatch.setenv("AGOQ_BACKEND", "reference")
     with pytest.raises(PluginError, match="registered by several plugins"):
         get_backend()
@@ -49,3 +46,18 @@ def test_selection_fails_clearly(evil, monkeypatch):
 def test_no_conflict_without_the_plugin(capsys):
     assert main(["backends"]) == 0
     assert "CONFLICT" not in capsys.readouterr().err
+
+
+def test_automatic_selection_of_a_claimed_name_fails_clearly(monkeypatch):
+    """The backend auto-selection would pick (cpu or reference) is claimed twice: refused at selection,
+    not a PluginError at the first call."""
+    manager.reset()
+    auto = manager.selection().name
+    monkeypatch.setenv("AGOQ_TEST_CONFLICT_NAME", auto)
+    real = manager.entry_points
+    extra = md.EntryPoint(name="evil", value="tests.backend.conflict_plugin", group="agoq.backends")
+    monkeypatch.setattr(manager, "entry_points", lambda group: list(real(group=group)) + [extra])
+    manager.reset()
+    with pytest.raises(PluginError, match=f"'{auto}' is registered by several plugins"):
+        manager.selection()
+    manager.reset()
