@@ -1,6 +1,7 @@
 """Rank functions for test_quangrad_agreement.py (spawned on real gloo groups by qg_dist.run_ranks)."""
 from __future__ import annotations
 
+import gc
 import time
 
 import torch
@@ -45,10 +46,15 @@ def mismatches(rank: int, world: int) -> dict:
     def hook():
         torch.manual_seed(0)
         ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
-        register_comm_hook(ddp, fmt="fp8_e4m3" if rank == 0 else "fp8_e5m2")
+        try:
+            register_comm_hook(ddp, fmt="fp8_e4m3" if rank == 0 else "fp8_e5m2")
+        finally:
+            del ddp
+            gc.collect()  # DDP's reducer must go before the process group is destroyed (else gloo aborts at exit)
         return "registered"
 
     out["hook_fmt"] = _try(hook)
+    gc.collect()
     return out
 
 
