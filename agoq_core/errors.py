@@ -12,6 +12,8 @@ __all__ = [
     "CapabilityError",
     "BackendMismatchError",
     "NonFiniteError",
+    "RankMismatchError",
+    "UsageError",
 ]
 
 
@@ -53,3 +55,12 @@ class BackendMismatchError(BackendError):
 
 class NonFiniteError(AgoqError, FloatingPointError):
     """A tensor that must be finite (e.g. a gradient before the optimizer step) holds NaN or Inf."""
+
+
+class RankMismatchError(AgoqError, ValueError):
+    """Ranks called a collective (or built a data-parallel wrapper) with inputs that disagree: sizes,
+    formats, blocks, dtypes or backends. Raised with the same message on every rank."""
+
+
+class UsageError(AgoqError, ValueError):
+    """Command-line arguments or configuration values that are invalid or inconsistent together."""

@@ -54,6 +54,9 @@ class ModelShape:
                 raise ModelShapeError(f"ModelShape.{f} must be an int >= 1, got {v!r}")
         if self.hidden % self.heads:
             raise ModelShapeError(f"ModelShape: hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
+        if (self.hidden // self.heads) % 2:
+            raise ModelShapeError(f"ModelShape: head_dim = hidden ({self.hidden}) / heads ({self.heads}) = "
+                                  f"{self.hidden // self.heads} is odd; rotary embeddings need an even head_dim")
         if self.heads % self.kv_heads:
             raise ModelShapeError(f"ModelShape: heads ({self.heads}) must be a multiple of kv_heads "
                                   f"({self.kv_heads})")

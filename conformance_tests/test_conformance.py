@@ -24,11 +24,11 @@ def test_case(case, agoq_ctx, pytestconfig):
 
 def test_golden_manifest_matches():
     """The golden file on disk is the one whose sha256 is recorded in MANIFEST.json."""
-    from agoq_conformance.golden import MANIFEST_PATH, golden_sha256
+    from agoq_conformance.golden import GOLDEN_PATH, MANIFEST_PATH, golden_sha256
     import json
 
     manifest = json.loads(MANIFEST_PATH.read_text())
-    assert manifest["files"]["golden_v1.pt"]["sha256"] == golden_sha256()
+    assert manifest["files"][GOLDEN_PATH.name]["sha256"] == golden_sha256()
 
 
 # Optional capabilities: fused GEMMs (gemm_quant_epilogue / gemm_dequant_prologue). Level bit_exact+sqnr:

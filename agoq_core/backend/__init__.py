@@ -62,7 +62,8 @@ def selected_backend_name() -> str:
 def list_backends() -> dict[str, Any]:
     """Every installed backend with its distribution, availability, reason, and the selection.
 
-    Never raises for a broken plugin or an invalid AGOQ_BACKEND: those are reported in the result.
+    Never raises for a broken plugin, an invalid AGOQ_BACKEND or two plugins claiming one name: those
+    are reported in the result ("selected"."error", "conflicts").
     """
     from agoq_core.backend import manager
 
@@ -83,7 +84,9 @@ def list_backends() -> dict[str, Any]:
         selected = {"name": sel.name, "how": sel.how, "reason": sel.reason, "error": None}
     except Exception as exc:
         selected = {"name": None, "how": None, "reason": None, "error": f"{type(exc).__name__}: {exc}"}
-    return {"backends": rows, "selected": selected}
+    conflicts = [{"name": n, "providers": list(p), "error": manager.conflict_message(reg, n)}
+                 for n, p in sorted(reg.duplicates.items())]
+    return {"backends": rows, "selected": selected, "conflicts": conflicts}
 
 
 # Groups already checked (per backend name): entry points called per tensor check once per group.

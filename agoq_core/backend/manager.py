@@ -47,6 +47,8 @@ class Registry:
     infos: dict[str, BackendInfo] = field(default_factory=dict)
     broken: list[BrokenPlugin] = field(default_factory=list)
     duplicates: dict[str, list[str]] = field(default_factory=dict)
+    """Backend name -> every provider claiming it ("distribution (entry point X)"), first one first."""
+    providers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,10 +71,12 @@ def _collect(plugin: object, plugin_name: str, dist: str, reg: Registry) -> None
     for info in infos:
         if not info.distribution:
             object.__setattr__(info, "distribution", dist)
+        provider = f"{info.distribution} (entry point {plugin_name!r})"
         if info.name in reg.infos:
-            reg.duplicates.setdefault(info.name, [reg.infos[info.name].distribution]).append(info.distribution)
+            reg.duplicates.setdefault(info.name, [reg.providers[info.name]]).append(provider)
             continue
         reg.infos[info.name] = info
+        reg.providers[info.name] = provider
 
 
 @functools.cache
@@ -116,12 +120,15 @@ def probe(info: BackendInfo) -> Availability:
         return Availability(False, f"probe raised {type(exc).__name__}: {exc}")
 
 
+def conflict_message(reg: Registry, name: str) -> str:
+    provs = reg.duplicates[name]
+    return (f"backend name {name!r} is registered by several plugins: {' and '.join(provs)}; the name must be "
+            f"unique: uninstall or rename all but one (e.g. pip uninstall {provs[-1].split(' ')[0]})")
+
+
 def _check_duplicates(reg: Registry, name: str) -> None:
     if name in reg.duplicates:
-        raise PluginError(
-            f"backend name {name!r} is provided by several distributions: "
-            f"{', '.join(reg.duplicates[name])}; uninstall all but one"
-        )
+        raise PluginError(conflict_message(reg, name))
 
 
 @functools.cache
@@ -166,6 +173,7 @@ def selection() -> Selection:
             sel = Selection(info.name, "auto", f"the only available accelerator backend ({av.reason})")
         else:
             sel = _no_accelerator(reg)
+            _check_duplicates(reg, sel.name)  # a plugin claiming the fallback's name would fail every call later
     log.info("agoq: using backend %r (%s)", sel.name, sel.reason)
     return sel
 

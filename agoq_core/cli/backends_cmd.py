@@ -13,9 +13,10 @@ def _run(args: argparse.Namespace) -> int:
 
     info = list_backends()
     sel = info["selected"]
+    bad = sel["error"] is not None or bool(info["conflicts"])
     if args.json:
         print(json.dumps(info, indent=2))
-        return 0 if sel["error"] is None else 2
+        return 2 if bad else 0
     rows = [("name", "distribution", "device", "available", "reason")]
     for b in info["backends"]:
         mark = "*" if b["name"] == sel["name"] else " "
@@ -25,11 +26,13 @@ def _run(args: argparse.Namespace) -> int:
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4])
     env = os.environ.get(ENV_VAR)
+    for c in info["conflicts"]:
+        print(f"\nCONFLICT: {c['error']}", file=sys.stderr)
     if sel["error"]:
         print(f"\nselection FAILED ({ENV_VAR}={env!r}): {sel['error']}", file=sys.stderr)
         return 2
     print(f"\nselected: {sel['name']} ({sel['how']}: {sel['reason']})")
-    return 0
+    return 2 if info["conflicts"] else 0
 
 
 def register(p: argparse.ArgumentParser) -> None:

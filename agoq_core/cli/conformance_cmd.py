@@ -2,8 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
+import tempfile
+
+from agoq_core.cli.argtypes import non_negative_int
 
 
 def _need_suite():
@@ -15,8 +20,44 @@ def _need_suite():
         raise SystemExit(2)
 
 
+def _writable(path: str) -> str | None:
+    """Why ``path`` cannot take the report, or None. Checked before the suite runs (minutes)."""
+    if os.path.isdir(path):
+        return "it is a directory"
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        return f"directory {parent} does not exist"
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        return "the file is not writable"
+    try:  # os.access does not see read-only mounts or ACLs: try for real
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".agoq-report-", delete=True):
+            pass
+    except OSError as exc:
+        return f"cannot create files in {parent} ({exc.strerror or exc})"
+    return None
+
+
+def _write_atomic(path: str, data: dict) -> None:
+    """Write then rename: a reader never sees half a report, an interrupted write leaves the old one."""
+    parent = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=parent, prefix=".agoq-report-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def _run(args: argparse.Namespace) -> int:
     _need_suite()
+    why = _writable(args.report)
+    if why is not None:
+        print(f"agoq conformance run: cannot write the report to {args.report}: {why}; choose a writable "
+              "--report path (checked before running the suite)", file=sys.stderr)
+        return 2
     from agoq_conformance.runner import run_suite
 
     try:
@@ -36,8 +77,7 @@ def _run(args: argparse.Namespace) -> int:
                        command=" ".join(["agoq", "conformance"] + sys.argv[2:]))
     if bar is not None:
         bar.close()
-    with open(args.report, "w") as f:
-        json.dump(report, f, indent=1)
+    _write_atomic(args.report, report)
     s = report["summary"]
     print(f"agoq conformance: backend={report['run']['backend']} device={report['run']['device']} "
           f"golden={report['golden']['sha256'][:12]} " + " ".join(f"{k}={v}" for k, v in sorted(s.items())))
@@ -46,16 +86,18 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
+    """Exit codes: 0 agree, 1 disagree, 2 invalid input (unreadable, not a report, not comparable)."""
     _need_suite()
-    from agoq_conformance.report import compare_reports
+    from agoq_conformance.report import ReportError, compare_reports, load_report
 
-    reports = []
-    for path in (args.a, args.b):
-        with open(path) as f:
-            reports.append(json.load(f))
-    agree, diffs = compare_reports(*reports, ignore_skips=args.ignore_skips)
+    try:
+        reports = [load_report(args.a), load_report(args.b)]
+        agree, diffs = compare_reports(*reports, ignore_skips=args.ignore_skips)
+    except ReportError as exc:
+        print(f"agoq conformance compare: invalid input: {exc}", file=sys.stderr)
+        return 2
     ra, rb = (r["run"] for r in reports)
-    label = f"{ra['backend']}@{ra['device']} vs {rb['backend']}@{rb['device']}"
+    label = f"{ra['backend']}@{ra.get('device')} vs {rb['backend']}@{rb.get('device')}"
     if agree:
         print(f"agree: {label}, {len(reports[0]['cases'])} cases, identical verdicts and output hashes")
         return 0
@@ -76,9 +118,11 @@ def register(p: argparse.ArgumentParser) -> None:
     r.add_argument("--select", default=None, help="only cases whose id matches this glob, e.g. 'quantize/int4/*'")
     r.add_argument("-q", "--quiet", action="store_true")
     r.set_defaults(func=_run)
-    c = sub.add_parser("compare", help="exit 0 iff two reports agree case by case")
+    c = sub.add_parser("compare", help="exit 0 if two reports agree case by case, 1 if they disagree, 2 if "
+                                       "either is invalid or they are not comparable")
     c.add_argument("a")
     c.add_argument("b")
     c.add_argument("--ignore-skips", action="store_true", help="cases skipped on either side do not count")
-    c.add_argument("--max-lines", type=int, default=50)
+    c.add_argument("--max-lines", type=non_negative_int, default=50,
+                   help="print at most this many differences (0: only the count)")
     c.set_defaults(func=_compare)

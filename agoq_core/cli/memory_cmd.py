@@ -28,6 +28,24 @@ def _policy(name: str, attention_core: str | None, block: int):
     return cfg.replace(attention_core=attention_core) if attention_core else cfg
 
 
+def _device(text: str):
+    import torch
+
+    from agoq_core.errors import UsageError
+
+    try:
+        dev = torch.device(text)
+    except (RuntimeError, ValueError) as exc:
+        raise UsageError(f"--device {text!r} is not a torch device ({exc}); "
+                         "use cpu, meta, cuda, cuda:1, npu ...") from None
+    if dev.type not in ("cpu", "meta"):
+        mod = getattr(torch, dev.type, None)
+        if mod is None or not hasattr(mod, "is_available") or not mod.is_available():
+            raise UsageError(f"--device {text!r}: no {dev.type} device is available here; use --device cpu, or "
+                             "--device meta for sizes without data")
+    return dev
+
+
 def build_model(args: argparse.Namespace):
     import torch
     from transformers import AutoModelForCausalLM
@@ -51,8 +69,7 @@ def build_model(args: argparse.Namespace):
 def _run(args: argparse.Namespace) -> int:
     from agoq_core.laaq import measure_saved_bytes
 
-    if args.seq < 1 or args.batch < 1:
-        raise SystemExit(f"agoq memory: --seq and --batch must be >= 1 (got {args.seq}, {args.batch})")
+    _device(args.device)
     model = build_model(args)
     policy = _policy(args.policy, args.attention_core, args.block)
     plain = measure_saved_bytes(model, None, batch=args.batch, seq=args.seq, label="plain")
@@ -73,26 +90,27 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(p: argparse.ArgumentParser) -> None:
+    from agoq_core.cli.argtypes import positive_int
     from agoq_core.models import MODELS
 
     p.add_argument("--model", default="llama", choices=["llama", "mistral", "qwen2", "qwen3"],
                    help="HF model family (default llama)")
     p.add_argument("--preset", default="tiny", choices=list(MODELS),
                    help="shape preset (agoq_core.models); --hidden/--layers/... override its fields (default tiny)")
-    p.add_argument("--layers", type=int, default=None)
-    p.add_argument("--hidden", type=int, default=None)
-    p.add_argument("--intermediate", type=int, default=None)
-    p.add_argument("--heads", type=int, default=None)
-    p.add_argument("--kv-heads", type=int, default=None)
-    p.add_argument("--vocab", type=int, default=None)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--layers", type=int, default=None)  # checked by ModelShape
+    p.add_argument("--hidden", type=int, default=None)  # checked by ModelShape
+    p.add_argument("--intermediate", type=int, default=None)  # checked by ModelShape
+    p.add_argument("--heads", type=int, default=None)  # checked by ModelShape
+    p.add_argument("--kv-heads", type=int, default=None)  # checked by ModelShape
+    p.add_argument("--vocab", type=int, default=None)  # checked by ModelShape
+    p.add_argument("--batch", type=positive_int, default=1)
+    p.add_argument("--seq", type=positive_int, default=512)
     p.add_argument("--dtype", default="bf16", choices=sorted(_DTYPES))
     p.add_argument("--device", default="cpu", help="cpu, meta (sizes only: full-size shapes for free), cuda ...")
     p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="attention implementation")
     p.add_argument("--policy", default="paper",
                    help="paper (default), naive (all 4-bit incl. attention), native, or a format name for every role")
     p.add_argument("--attention-core", default=None, help="format for the attention core (default: the policy's)")
-    p.add_argument("--block", type=int, default=128, help="block size of the role formats (default 128)")
+    p.add_argument("--block", type=positive_int, default=128, help="block size of the role formats (default 128)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.set_defaults(func=_run)

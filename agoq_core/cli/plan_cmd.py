@@ -153,17 +153,18 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(p: argparse.ArgumentParser) -> None:
+    from agoq_core.cli.argtypes import non_negative_int, positive_int
     from agoq_core.models import MODELS
     from agoq_core.planner.plan import DEFAULT_CANDIDATES
 
-    p.add_argument("--stages", type=int, default=4, help="pipeline stages (ranks) [4]")
-    p.add_argument("--microbatches", type=int, default=8, help="micro-batches per step [8]")
+    p.add_argument("--stages", type=positive_int, default=4, help="pipeline stages (ranks) [4]")
+    p.add_argument("--microbatches", type=positive_int, default=8, help="micro-batches per step [8]")
     p.add_argument("--schedule", default="interleaved-1f1b", help="gpipe, 1f1b or interleaved-1f1b [interleaved-1f1b]")
-    p.add_argument("--chunks", type=int, default=None, help="virtual chunks per stage (interleaved: 2)")
+    p.add_argument("--chunks", type=positive_int, default=None, help="virtual chunks per stage (interleaved: 2)")
     p.add_argument("--model", default="llama2-7b",
                    help=f"preset ({', '.join(MODELS)}) or an HF config.json / model directory [llama2-7b]")
-    p.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence [4096]")
-    p.add_argument("--microbatch-size", type=int, default=1, help="sequences per micro-batch [1]")
+    p.add_argument("--seq-len", type=positive_int, default=4096, help="tokens per sequence [4096]")
+    p.add_argument("--microbatch-size", type=positive_int, default=1, help="sequences per micro-batch [1]")
     p.add_argument("--candidates", default=",".join(DEFAULT_CANDIDATES), help="candidate formats, comma-separated")
     p.add_argument("--baseline", default="nf4", help="uniform 4-bit format of the default budget [nf4]")
     p.add_argument("--granularity", default="layer", choices=("layer", "chunk", "stage"),
@@ -180,10 +181,10 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--measure-device", default="cpu",
                    help="where LAAQ measures a 2-layer model of the shape [cpu]; use the training device "
                         "(e.g. cuda) when its attention kernel keeps other tensors")
-    p.add_argument("--param-bytes", type=int, default=2, help="bytes per weight (2 = bf16, 4 = fp32) [2]")
+    p.add_argument("--param-bytes", type=positive_int, default=2, help="bytes per weight (2 = bf16, 4 = fp32) [2]")
     p.add_argument("--grads", default="quangrad", choices=("quangrad", "bf16", "fp32"), help="gradient storage")
     p.add_argument("--optimizer", default="adam8bit", choices=("adam", "adam8bit", "sgd", "none"), help="optimizer state")
-    p.add_argument("--run-check", type=int, default=0, metavar="STEPS",
+    p.add_argument("--run-check", type=non_negative_int, default=0, metavar="STEPS",
                    help="also train STEPS steps of the plan on a real CPU pipeline (one process per stage, "
                         "gloo; small models only) and print measured vs planned memory per stage")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")

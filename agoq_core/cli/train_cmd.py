@@ -79,7 +79,14 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(json.dumps(cfg.to_dict(), indent=2))
         return 0
-    summary = train_run(cfg)
+    try:
+        summary = train_run(cfg)
+    except KeyboardInterrupt as exc:  # SIGINT or SIGTERM (agoq_core.train.rundir): the folder says so
+        sig = getattr(exc, "signame", "SIGINT")
+        where = getattr(exc, "run_dir", None)
+        print(f"agoq train: interrupted by {sig}" + (f"; {where}/status.json says 'interrupted', finished steps are in "
+              f"{where}/metrics.jsonl.partial" if where else ""), file=sys.stderr)
+        return 130 if sig == "SIGINT" else 143
     if summary is None or summary.get("environment", {}).get("world", 1) > 1 and _rank() not in (None, 0):
         return 0  # under torchrun only rank 0 reports
     if args.json:

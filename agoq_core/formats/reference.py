@@ -85,7 +85,8 @@ def encode(v: torch.Tensor, spec: FormatSpec) -> torch.Tensor:
     if spec.kind in ("fp8_e4m3", "fp8_e5m2"):
         dt = torch.float8_e4m3fn if spec.kind == "fp8_e4m3" else torch.float8_e5m2
         # Clamp BEFORE the cast: torch<=2.11 turns e4m3 overflow into NaN, 2.13 saturates.
-        return v.clamp(-spec.qmax, spec.qmax).to(dt).view(torch.uint8).to(torch.int64)
+        c = v.clamp(-spec.qmax, spec.qmax).to(dt).view(torch.uint8).to(torch.int64)
+        return torch.where(c == 0x80, 0, c)  # no -0 code: a magnitude that rounds to 0 is +0 (§4.2)
     raise ValueError(f"unknown code kind {spec.kind!r}")
 
 
@@ -93,7 +94,8 @@ def quantize_blocks(x: torch.Tensor, spec: FormatSpec) -> tuple[torch.Tensor, to
     """Quantize the flattened ``x`` -> (packed uint8 codes, fp32 scales[NB]).
 
     Steps (docs/formats.md §3): fp32 -> flush subnormals -> per-block non-finite flag and absmax ->
-    scale = absmax / qmax (scales below 2**-126 become 0) -> v = x / scale -> encode -> pack.
+    scale = absmax / qmax (scales below 2**-126 become 0, one step down if qmax x scale overflows) ->
+    v = x / scale -> encode -> pack.
     """
     n = x.numel()
     nb = spec.num_blocks(n)
@@ -115,6 +117,10 @@ def quantize_blocks(x: torch.Tensor, spec: FormatSpec) -> tuple[torch.Tensor, to
     amax = xb.abs().amax(dim=1)
     scale = amax / torch.tensor(spec.qmax, dtype=torch.float32, device=x.device)
     scale = torch.where(scale < MIN_NORMAL_F32, torch.zeros_like(scale), scale)
+    # qmax x scale must stay finite so that every decoded value does (absmax near FLT_MAX: int6 and
+    # int8 round the quotient up); take the next fp32 below (§3 step 5).
+    over = torch.isinf(scale * spec.qmax)
+    scale = torch.where(over, (scale.view(torch.int32) - 1).view(torch.float32), scale)
     divisor = torch.where(scale == 0, torch.ones_like(scale), scale)
     v = xb / divisor[:, None]
     v = torch.where((scale == 0)[:, None], torch.zeros_like(v), v)

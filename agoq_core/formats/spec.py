@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 #: Version of the numerics contract in docs/formats.md. Bump it when any code or scale changes.
-SPEC_VERSION = 1
+SPEC_VERSION = 2
 
 #: Smallest positive normal fp32 (2**-126). Inputs and scales below it are flushed to zero so that
 #: flush-to-zero hardware (and Triton's FTZ defaults) cannot change a code (docs/formats.md §3).
@@ -150,10 +150,11 @@ def _check_block(name: str, block: object) -> None:
     if isinstance(block, bool) or not isinstance(block, int):
         raise FormatError(f"{name}: block must be an int, got {type(block).__name__} {block!r}")
     if block <= 0 or block % 8:
+        near = sorted({b for b in ((block // 8) * 8, (block // 8 + 1) * 8) if b >= 8}) if block > 0 else [8]
         raise FormatError(
             f"{name}: block={block} is not a positive multiple of 8; blocks must start on a byte "
-            f"boundary for every packing (4/5/6/8-bit). Try block={max(8, (block // 8) * 8 or 8)} "
-            f"or {((block // 8) + 1) * 8}."
+            f"boundary for every packing (4/5/6/8-bit). Try block={' or '.join(map(str, near))} "
+            f"(defaults: 128 for activations, 256 for gradients)."
         )
     if block > 1 << 20:
         raise FormatError(f"{name}: block={block} is larger than the supported maximum {1 << 20}")

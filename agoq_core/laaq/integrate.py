@@ -501,8 +501,15 @@ def apply(model: nn.Module, config: LAAQConfig | None = None, *,
         raise AgoqError(f"LAAQ does not support the {r.name!r} family ({n}): {r.unsupported}")
     core = _chain(model)[-1]
     alias_hint = _alias_hint(core)
+    indices = [_layer_index(layer, row, order) for order, (_, layer, row) in enumerate(layers)]
+    unknown = sorted(set(config.layer_overrides) - set(indices))
     report = LAAQReport(type(model).__name__, config)
     conv = _Converter(report, config)
+    if unknown:  # never silent: a pipeline stage legitimately holds a subset of the layers, so it is reported
+        conv.skip("layer_overrides", f"overrides for layer(s) {unknown} match no decoder layer of this "
+                                     f"{type(model).__name__} (its layers: {_ranges(indices)}; 0-based, HF "
+                                     "self_attn.layer_idx)")
+        log.warning("agoq LAAQ: %s", report.skipped[-1].reason)
     try:
         last_row = None
         for order, (name, layer, row) in enumerate(layers):
@@ -540,6 +547,11 @@ def apply(model: nn.Module, config: LAAQConfig | None = None, *,
         owner.__dict__[_REPORT_ATTR] = report
     log.info("%s", report)
     return report
+
+
+def _ranges(xs: list[int]) -> str:
+    xs = sorted(set(xs))
+    return f"{xs[0]}..{xs[-1]}" if xs == list(range(xs[0], xs[-1] + 1)) and len(xs) > 2 else str(xs)
 
 
 def _convert_final(conv: _Converter, report: LAAQReport, model: nn.Module, core: nn.Module, row: LayerFamily,

@@ -1,6 +1,7 @@
 """Plans as a table for people and as a dict for machines (``agoq plan`` and ``agoq plan --json``)."""
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import TYPE_CHECKING, Sequence
 
@@ -24,8 +25,9 @@ def parse_bytes(text: str) -> int:
         value = float(num)
     except ValueError:
         value = None
-    if value is None or suf not in _SUFFIX or value < 0:
-        raise PlannerError(f"cannot read {text!r} as bytes; write e.g. 80GiB, 12e9, 512MiB or 1000")
+    if value is None or suf not in _SUFFIX or value < 0 or not math.isfinite(value * _SUFFIX[suf]):
+        raise PlannerError(f"cannot read {text!r} as bytes (a finite number >= 0 with an optional unit); "
+                           "write e.g. 80GiB, 12e9, 512MiB or 1000")
     return int(round(value * _SUFFIX[suf]))
 
 

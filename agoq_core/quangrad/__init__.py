@@ -15,6 +15,7 @@ from agoq_core.quangrad.baselines import bf16_all_reduce_, fp32_all_reduce_, nai
 from agoq_core.quangrad.collective import ReduceScatterResult, all_reduce_, reduce_scatter
 from agoq_core.quangrad.comm_hook import QuanGradHookState, quangrad_hook, register_comm_hook
 from agoq_core.quangrad.config import GRADIENT_FORMATS, QuanGradConfig  # noqa: F401
+from agoq_core.errors import RankMismatchError
 from agoq_core.quangrad.layout import LayoutMismatchError
 from agoq_core.quangrad.optim import optimizer_factory
 from agoq_core.quangrad.protocol import simulate_all_reduce, simulate_reduce_scatter
@@ -43,4 +44,5 @@ __all__ = [
     "simulate_reduce_scatter",
     # errors
     "LayoutMismatchError",
+    "RankMismatchError",
 ]

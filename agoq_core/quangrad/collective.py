@@ -19,9 +19,11 @@ import torch
 import torch.distributed as dist
 
 from agoq_core import api
-from agoq_core.backend import check_same_backend_across_ranks, get_backend
+from agoq_core.backend import get_backend
+from agoq_core.errors import BackendError, BackendMismatchError
 from agoq_core.formats.spec import FormatSpec
 from agoq_core.quangrad import protocol as P
+from agoq_core.quangrad.agree import agree_across_ranks
 from agoq_core.quangrad.config import resolve_spec
 
 if TYPE_CHECKING:
@@ -270,6 +272,39 @@ def _check_tensor(t: object, what: str) -> torch.Tensor:
     return t
 
 
+def _backend_mismatch(heads: list[dict[str, Any]]) -> Exception | None:
+    """Different backends: the error (and wording) of agoq_core.backend.check_same_backend_across_ranks."""
+    names = [h.get("backend") for h in heads]
+    if len(set(names)) == 1:
+        return None
+    detail = "; ".join(f"rank {r}: {n}" for r, n in enumerate(names))
+    return BackendMismatchError(
+        f"the ranks of this process group use different agoq backends ({detail}). Every rank must run the "
+        "same backend on the same device type: set AGOQ_BACKEND=<name> identically on every rank (and the "
+        "variables that pick its mode, such as TRITON_INTERPRET)")
+
+
+def _resolve_and_agree(t: torch.Tensor, spec: FormatSpec, backend: "str | Backend | None", group: Any,
+                       what: str) -> "Backend":
+    """The backend, after one tiny all-gather that every rank issues on every call: padding would hide a
+    size mismatch and a format mismatch would decode as NaN, so ranks compare (numel, format, block,
+    dtype, backend) before any payload. A rank whose backend selection fails still takes part (its
+    header says why), so the others get the same error instead of waiting."""
+    try:
+        be, failure = get_backend(backend), None
+        name = f"{be.name} ({be.device_type})"
+    except BackendError as exc:
+        be, name, failure = None, f"failed: {type(exc).__name__}: {exc}"[:120], exc
+    header = {"numel": t.numel(), "fmt": spec.name, "block": spec.block,
+              "dtype": str(t.dtype).replace("torch.", ""), "backend": name}
+    agree_across_ranks(header, group=group, device=t.device, backend=None, what=what,
+                       fix="Every rank must pass a tensor of the same size and dtype with the same fmt, block "
+                           "and backend (as with torch.distributed.all_reduce).", special=_backend_mismatch)
+    if failure is not None:
+        raise failure
+    return be
+
+
 def all_reduce_(t: torch.Tensor, *, group: Any = None, fmt: str | FormatSpec = "fp8_e4m3", block: int | None = None,
                 backend: "str | Backend | None" = None) -> torch.Tensor:
     """In place: ``t`` <- QuanGrad all-reduce (SUM) of ``t`` over ``group``; every rank ends with the
@@ -278,15 +313,15 @@ def all_reduce_(t: torch.Tensor, *, group: Any = None, fmt: str | FormatSpec = "
     ``t`` is quantized block-wise (``fmt``, ``block``: default 256), cut into world_size chunks of
     whole blocks (zero padding when its size does not divide), exchanged with an all-to-all, summed in
     fp32 in rank order, requantized and all-gathered. NaN/Inf anywhere in a block on any rank makes
-    that block NaN on every rank. Every rank must pass the same shape and dtype.
+    that block NaN on every rank. Every rank must pass the same size, dtype, fmt, block and backend:
+    a small header exchanged first checks it and raises ``RankMismatchError`` on every rank otherwise.
     """
     _check_tensor(t, "all_reduce_")
     spec = resolve_spec(fmt, block)
     _, world = group_info(group)
-    check_same_backend_across_ranks(group, backend, once=True)
-    be = get_backend(backend)
+    be = _resolve_and_agree(t, spec, backend, group, "quangrad.all_reduce_")
     n = t.numel()
-    if n == 0:
+    if n == 0:  # every rank agreed on 0 elements: nothing to exchange
         return t
     plan = P.ChunkPlan.for_numel(n, world, spec)
     codes, scales = P.quantize_padded(t, plan, backend=be)
@@ -317,8 +352,7 @@ def reduce_scatter(t: torch.Tensor, *, group: Any = None, fmt: str | FormatSpec 
     _check_tensor(t, "reduce_scatter")
     spec = resolve_spec(fmt, block)
     rank, world = group_info(group)
-    check_same_backend_across_ranks(group, backend, once=True)
-    be = get_backend(backend)
+    be = _resolve_and_agree(t, spec, backend, group, "quangrad.reduce_scatter")
     n = t.numel()
     if n == 0:
         return ReduceScatterResult(torch.empty(0, dtype=torch.float32, device=t.device), 0, 0, 0)

@@ -134,5 +134,15 @@ def register_comm_hook(ddp_model: torch.nn.parallel.DistributedDataParallel, *, 
                               min_compress_bytes=DEFAULT_MIN_COMPRESS_BYTES if min_compress_bytes is None
                               else min_compress_bytes,
                               group=ddp_model.process_group, backend=backend)
+    if dist.is_available() and dist.is_initialized():
+        # Ranks hooked with different formats/blocks/crossovers would decode each other's bytes as NaN.
+        from agoq_core.quangrad.agree import agree_across_ranks
+
+        device = next(ddp_model.module.parameters()).device
+        agree_across_ranks({"fmt": state.spec.name, "block": state.spec.block,
+                            "min_compress_bytes": state.min_compress_bytes, "backend": state.be.name},
+                           group=state.group, device=device, backend=state.be, what="register_comm_hook",
+                           fix="Every rank must call register_comm_hook with the same fmt, block, "
+                               "min_compress_bytes and backend.")
     ddp_model.register_comm_hook(state, quangrad_hook)
     return state

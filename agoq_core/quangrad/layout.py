@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 
-from agoq_core.errors import AgoqError
+from agoq_core.errors import RankMismatchError
 from agoq_core.formats.spec import FormatSpec
 from agoq_core.quangrad.protocol import padded_numel
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["ParamSlot", "Bucket", "BucketLayout", "plan_buckets", "check_layout_across_ranks", "LayoutMismatchError"]
 
 
-class LayoutMismatchError(AgoqError, RuntimeError):
+class LayoutMismatchError(RankMismatchError, RuntimeError):
     """Ranks built different QuanGrad bucket layouts (different models, configs or world sizes)."""
 
 

@@ -20,11 +20,13 @@ import dataclasses
 import logging
 import math
 import struct
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
+from torch.utils.weak import WeakIdKeyDictionary
 
 from agoq_core.api import check_supported
 from agoq_core.backend import check_same_backend_across_ranks, get_backend
@@ -129,6 +131,12 @@ def sum_of_squares(x: torch.Tensor) -> float:
     return float(torch.sum(y * y)) * 2.0 ** (2 * e)
 
 
+# parameter -> the QuanGradDDP whose hooks it carries. A second wrapper on the same parameters would
+# fold every gradient into two storages and step it twice; it is refused at construction instead.
+# (keyed by identity: tensors' __eq__ is elementwise)
+_OWNERS: "WeakIdKeyDictionary" = WeakIdKeyDictionary()
+
+
 class QuanGradDDP(torch.nn.Module):
     """Data parallelism with 8-bit gradient storage and QuanGrad's precision-preserving all-reduce.
 
@@ -182,6 +190,15 @@ class QuanGradDDP(torch.nn.Module):
         self.device = named[0][1].device
         for op in ("quantize", "dequantize", "accumulate", "reduce_requantize"):
             check_supported(self.backend, spec, self.device, op)
+        if isinstance(module, QuanGradDDP):
+            raise ValueError("QuanGradDDP: the module is already a QuanGradDDP; wrap the model once "
+                             "(use qg.module for the underlying model)")
+        owned = [n for n, p in named if (o := _OWNERS.get(p)) is not None and o() is not None and o()._hooks]
+        if owned:
+            raise ValueError(
+                f"QuanGradDDP: parameters {owned[:3]} are already wrapped by another QuanGradDDP (a second "
+                "wrapper would reduce and step every gradient twice); reuse the first wrapper, or call its "
+                "remove_hooks() before wrapping the model again")
         self._params = [p for _, p in named]
         self.param_names = [n for n, _ in named]
 
@@ -213,6 +230,8 @@ class QuanGradDDP(torch.nn.Module):
         for p in self._params:
             p.grad = None
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(self._params)]
+        for p in self._params:
+            _OWNERS[p] = weakref.ref(self)
         self._sync = True
         self._steps = 0
         self._attempts = 0        # step() calls, applied or skipped: what a user calls 'step N'
@@ -498,6 +517,10 @@ class QuanGradDDP(torch.nn.Module):
         return self.storage.param_fp32(i)
 
     def remove_hooks(self) -> None:
+        """Detach the wrapper from the model's parameters (the model may then be wrapped again)."""
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        for p in self._params:
+            if (o := _OWNERS.get(p)) is not None and o() is self:
+                del _OWNERS[p]

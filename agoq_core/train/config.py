@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,7 +112,11 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be an integer >= 0, got {v!r}")
         if self.warmup_steps >= self.steps and self.steps > 1:
             raise ConfigError(f"warmup_steps ({self.warmup_steps}) must be smaller than steps ({self.steps})")
-        if not (isinstance(self.lr, (int, float)) and self.lr > 0):
+        for name in ("lr", "min_lr_ratio", "weight_decay", "grad_clip"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ConfigError(f"{name} must be a finite number, got {v!r}")
+        if not self.lr > 0:
             raise ConfigError(f"lr must be a positive number, got {self.lr!r}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ConfigError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
@@ -132,6 +137,14 @@ class TrainConfig:
             raise ConfigError("nothing to train: baseline and agoq are both off and no ablation was given")
         if not isinstance(self.device, str) or not self.device:
             raise ConfigError(f"device must be {_DEVICES_HINT}, got {self.device!r}")
+        from agoq_core.train.rundir import RunDirError, check_run_name
+
+        try:
+            check_run_name(self.run_name)
+        except RunDirError as exc:
+            raise ConfigError(str(exc)) from None
+        if not isinstance(self.out_dir, str) or not self.out_dir:
+            raise ConfigError(f"out_dir must be a folder path, got {self.out_dir!r}")
         if self.dtype not in ("auto", "fp32", "bf16"):
             raise ConfigError(f"dtype must be 'auto', 'fp32' or 'bf16', got {self.dtype!r}")
         if self.nproc % self.pp:
@@ -260,9 +273,17 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     A TOML or YAML file may put the options at the top level or under a ``[train]`` / ``train:`` table.
     """
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise ConfigError(f"config file {str(p)!r} does not exist")
-    text = p.read_text(encoding="utf-8")
+    if p.is_dir():
+        raise ConfigError(f"config file {str(p)!r} is a directory; give the options file inside it")
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"config file {str(p)!r} cannot be read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {str(p)!r} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                          f"{exc.start}); save it as UTF-8") from None
     suffix = p.suffix.lower()
     try:
         if suffix == ".json":

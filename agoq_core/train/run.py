@@ -1,8 +1,11 @@
 """``agoq_core.train.run(config)``: train every arm, write the run folder, return the summary.
 
-Run folder (``<out_dir>/<run_name or timestamp>/``): ``config.json`` (the resolved options),
-``metrics.jsonl`` (one record per step and per evaluation, every arm), ``summary.json`` (final
-numbers, memory, ratios, environment), ``table.md`` (the printed table) and ``curves.png``.
+Run folder (``<out_dir>/<run_name or timestamp>/``, created exclusively: agoq_core/train/rundir.py):
+``status.json`` (running / completed / failed / interrupted), ``config.json`` (the resolved options),
+``metrics.jsonl`` (one record per step and per evaluation, every arm; ``metrics.jsonl.partial`` while
+training runs and after a failure or interruption), ``summary.json`` (final numbers, memory, ratios,
+environment), ``table.md`` (the printed table) and ``curves.png``. Every file but the streamed metrics
+is written atomically (temporary file + rename).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from agoq_core.train.data import load_corpus
 from agoq_core.train.extras import check_extras
 from agoq_core.train.loop import TRAIN_LOSS_WINDOW, ArmResult, train_arm
 from agoq_core.train.report import compare_arms, render_table
+from agoq_core.train.rundir import create_run_dir, run_status, write_atomic
 from agoq_core.train.runtime import Runtime, init_runtime, resolve_device, shutdown, under_torchrun
 
 __all__ = ["run", "TrainError", "VAL_LOSS_TOLERANCE"]
@@ -52,36 +56,35 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         return _worker(int(os.environ["RANK"]), world, cfg, None)
     # Fail here, before spawning, if the device cannot host every process (the error names the fix).
     resolve_device(cfg.device, cfg.nproc - 1)
-    run_dir = _new_run_dir(cfg)
-    if cfg.nproc == 1:
-        return _worker(0, 1, cfg, str(run_dir))
-    return _spawn(cfg, run_dir)
-
-
-def _new_run_dir(cfg: TrainConfig) -> Path:
-    name = cfg.run_name or _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = Path(cfg.out_dir) / name
-    if path.exists() and any(path.iterdir()):
-        if cfg.run_name:
-            raise TrainError(f"run folder {str(path)!r} already exists and is not empty; "
-                             "pick another --run-name or remove it")
-        path = Path(cfg.out_dir) / f"{name}-{os.getpid()}"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    run_dir = create_run_dir(cfg.out_dir, cfg.run_name)
+    with run_status(run_dir):
+        if cfg.nproc == 1:
+            return _worker(0, 1, cfg, str(run_dir))
+        return _spawn(cfg, run_dir)
 
 
 def _spawn(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
     import torch.multiprocessing as mp
 
     os.environ["AGOQ_TRAIN_PORT"] = str(free_port())
+    ctx = mp.start_processes(_spawned_worker, args=(cfg.nproc, cfg, str(run_dir)), nprocs=cfg.nproc,
+                             start_method="spawn", join=False)
     try:
-        mp.start_processes(_spawned_worker, args=(cfg.nproc, cfg, str(run_dir)), nprocs=cfg.nproc,
-                           start_method="spawn", join=True)
-    except mp.ProcessRaisedException as exc:
-        msg = str(exc).strip().splitlines()
-        raise TrainError(f"a training process failed: {msg[-1] if msg else exc}\n{exc}") from None
-    except mp.ProcessExitedException as exc:
-        raise TrainError(f"a training process died: {exc}") from None
+        while not ctx.join():
+            pass
+    except BaseException as exc:
+        # SIGINT/SIGTERM to this process, or one rank failed: stop the others too (no orphans).
+        for p in ctx.processes:
+            if p.is_alive():
+                p.terminate()
+        for p in ctx.processes:
+            p.join(10)
+        if isinstance(exc, mp.ProcessRaisedException):
+            msg = str(exc).strip().splitlines()
+            raise TrainError(f"a training process failed: {msg[-1] if msg else exc}\n{exc}") from None
+        if isinstance(exc, mp.ProcessExitedException):
+            raise TrainError(f"a training process died: {exc}") from None
+        raise
     summary_path = run_dir / "summary.json"
     if not summary_path.is_file():
         raise TrainError(f"the training processes finished without writing {summary_path}")
@@ -97,7 +100,7 @@ def _agree_run_dir(rt: Runtime, cfg: TrainConfig, run_dir: str | None) -> Path:
     if run_dir is None:
         import torch.distributed as dist
 
-        box = [str(_new_run_dir(cfg)) if rt.is_main else None]
+        box = [str(create_run_dir(cfg.out_dir, cfg.run_name)) if rt.is_main else None]
         if rt.world > 1:
             dist.broadcast_object_list(box, src=0)
         run_dir = box[0]
@@ -108,32 +111,42 @@ def _worker(rank: int, world: int, cfg: TrainConfig, run_dir: str | None) -> dic
     t_start = time.perf_counter()
     rt = init_runtime(cfg, rank, world)
     try:
+        owner = run_dir is None and rt.is_main  # under torchrun rank 0 creates the folder and owns its status
         path = _agree_run_dir(rt, cfg, run_dir)
-        corpus = load_corpus(seq_len=cfg.seq_len, eval_tokens=cfg.eval_tokens)
-        metrics_f = None
-        if rt.is_main:
-            (path / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-            metrics_f = open(path / "metrics.jsonl", "w", encoding="utf-8")
-
-        def sink(rec: dict[str, Any]) -> None:
-            if metrics_f is not None:
-                metrics_f.write(json.dumps(rec) + "\n")
-                metrics_f.flush()
-
-        results: list[ArmResult] = []
-        try:
-            for name in cfg.arms:
-                results.append(train_arm(name, cfg, rt, corpus, sink))
-        finally:
-            if metrics_f is not None:
-                metrics_f.close()
-        summary = _summary(cfg, rt, corpus, results, path, time.perf_counter() - t_start)
-        if rt.is_main:
-            _write_outputs(cfg, summary, path)
+        with run_status(path if owner else None):
+            summary = _train_and_write(cfg, rt, path, t_start)
     except BaseException:
         shutdown(rt, barrier=False)  # other ranks may be gone (error, Ctrl-C): do not wait for them
         raise
     shutdown(rt)
+    return summary
+
+
+def _train_and_write(cfg: TrainConfig, rt: Runtime, path: Path, t_start: float) -> dict[str, Any]:
+    corpus = load_corpus(seq_len=cfg.seq_len, eval_tokens=cfg.eval_tokens)
+    metrics_f = None
+    partial = path / "metrics.jsonl.partial"
+    if rt.is_main:
+        write_atomic(path / "config.json", json.dumps(cfg.to_dict(), indent=2) + "\n")
+        metrics_f = open(partial, "w", encoding="utf-8")
+
+    def sink(rec: dict[str, Any]) -> None:
+        if metrics_f is not None:
+            metrics_f.write(json.dumps(rec) + "\n")
+            metrics_f.flush()
+
+    results: list[ArmResult] = []
+    try:
+        for name in cfg.arms:
+            results.append(train_arm(name, cfg, rt, corpus, sink))
+    finally:
+        if metrics_f is not None:
+            metrics_f.close()
+    if rt.is_main:  # every arm ran to its end: the metrics are complete
+        os.replace(partial, path / "metrics.jsonl")
+    summary = _summary(cfg, rt, corpus, results, path, time.perf_counter() - t_start)
+    if rt.is_main:
+        _write_outputs(cfg, summary, path)
     return summary
 
 
@@ -191,7 +204,7 @@ def _summary(cfg: TrainConfig, rt: Runtime, corpus, results: list[ArmResult], pa
 
 def _write_outputs(cfg: TrainConfig, summary: dict[str, Any], path: Path) -> None:
     table = render_table(summary)
-    (path / "table.md").write_text(table + "\n")
+    write_atomic(path / "table.md", table + "\n")
     if cfg.plot:
         from agoq_core.train.plot import plot_curves, read_metrics
 
@@ -205,4 +218,4 @@ def _write_outputs(cfg: TrainConfig, summary: dict[str, Any], path: Path) -> Non
             from agoq_core.train.plot import plot_grad_errors
 
             summary["grad_error_plot"] = str(plot_grad_errors(records, path / "grad-errors.png", title=title))
-    (path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_atomic(path / "summary.json", json.dumps(summary, indent=2) + "\n")

@@ -103,14 +103,14 @@ def _protocol_cases(g: torch.Generator, tensors: dict, cases: list) -> None:
             ranks = [(torch.randn(n, generator=g) * 10.0 ** -(r + 2)).to(_DTYPES[dname]) for r in range(w)]
             key = f"proto/{name}/w{w}/n{n}/{dname}"
             tensors[f"{key}/x"] = torch.stack(ranks)
-            ar = simulate_all_reduce(ranks, spec)
+            ar = simulate_all_reduce(ranks, spec, backend="reference")
             tensors[f"{key}/a2a"] = torch.stack([p.all_to_all for p in ar.payloads])
             tensors[f"{key}/ag"] = torch.stack([p.all_gather for p in ar.payloads])
             tensors[f"{key}/result"] = torch.stack(ar.results)
             cases.append({"id": f"protocol_all_reduce/{name}/w{w}/n{n}/{dname}", "op": "protocol_all_reduce",
                           "fmt": name, "block": spec.block, "input": f"{key}/x",
                           "expect": [f"{key}/a2a", f"{key}/ag", f"{key}/result"]})
-            rs = simulate_reduce_scatter(ranks, spec)
+            rs = simulate_reduce_scatter(ranks, spec, backend="reference")
             tensors[f"{key}/rs_a2a"] = torch.stack(rs.payloads)
             tensors[f"{key}/rs_shards"] = torch.stack(rs.shards)
             cases.append({"id": f"protocol_reduce_scatter/{name}/w{w}/n{n}/{dname}", "op": "protocol_reduce_scatter",
@@ -148,12 +148,16 @@ def _write() -> None:
     DATA.mkdir(parents=True, exist_ok=True)
     g = build_golden()
     torch.save(g, GOLDEN_PATH)
+    # keep the entries of the other golden files (golden_mx_*.pt); drop older versions of this one
+    old = json.loads(MANIFEST_PATH.read_text())["files"] if MANIFEST_PATH.exists() else {}
+    files = {k: v for k, v in old.items() if not k.startswith("golden_v") and (DATA / k).exists()}
+    files[GOLDEN_PATH.name] = {"sha256": _file_sha256(GOLDEN_PATH), "bytes": GOLDEN_PATH.stat().st_size,
+                               "cases": len(g["cases"])}
     MANIFEST_PATH.write_text(json.dumps({
         "spec_version": SPEC_VERSION,
         "generator": "agoq_conformance.golden.build_golden (reference backend, CPU, torch "
                      f"{torch.__version__})",
-        "files": {GOLDEN_PATH.name: {"sha256": _file_sha256(GOLDEN_PATH), "bytes": GOLDEN_PATH.stat().st_size,
-                                     "cases": len(g["cases"])}},
+        "files": dict(sorted(files.items(), key=lambda kv: kv[0] != GOLDEN_PATH.name)),
     }, indent=2) + "\n")
     print(f"wrote {GOLDEN_PATH} ({GOLDEN_PATH.stat().st_size} bytes, {len(g['cases'])} cases)")
 

@@ -59,7 +59,9 @@ def value_classes(spec: FormatSpec, block: int, seed: int) -> dict[str, torch.Te
     heavy = torch.randn(2 * block + 5, generator=g) / torch.rand(2 * block + 5, generator=g).clamp_min(1e-3)
     special = torch.cat([
         torch.zeros(block),                                       # all-zero block
-        torch.tensor([f32.max, -f32.max, 1.0, -0.0] + [0.0] * (block - 4)),    # +-max fp32
+        torch.tensor([f32.max, -f32.max, 1.0, -0.0] + [0.0] * (block - 4)),    # +-max fp32 (finite out)
+        torch.tensor([-f32.max * 0.75, 1.0, -2.0**-12] + [0.0] * (block - 3)),  # near max, int step-down
+        torch.tensor([1.0, -1e-6, -1e-30, -0.0, -2.0**-12] + [0.0] * (block - 5)),  # tiny negatives: +0 code
         torch.full((block,), f32.tiny) * torch.arange(block),     # tiny normals
         torch.tensor([f32.tiny / 4, -f32.tiny / 2, 1e-40, 3.0] + [1e-30] * (block - 4)),  # subnormals
         torch.cat([torch.randn(block - 1, generator=g), torch.tensor([float("nan")])]),   # NaN block

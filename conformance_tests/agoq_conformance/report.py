@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.metadata as md
+import json
 import os
 import platform
 import subprocess
@@ -10,9 +11,71 @@ from typing import Any
 
 import torch
 
-__all__ = ["REPORT_SCHEMA", "environment", "compare_reports"]
+__all__ = ["REPORT_SCHEMA", "SUITE", "VERDICTS", "ReportError", "load_report", "validate_report", "environment",
+           "compare_reports"]
 
 REPORT_SCHEMA = 1
+SUITE = "agoq-conformance"
+VERDICTS = frozenset({"pass", "fail", "error", "skip", "xfail", "xpass"})
+
+
+class ReportError(ValueError):
+    """A report file that cannot be read, is not a conformance report, or cannot be compared with
+    another one (``agoq conformance compare`` exits 2 on it, 1 only for a real disagreement)."""
+
+
+def load_report(path: str | os.PathLike) -> dict:
+    """Read and validate one report file; every problem is a ``ReportError`` naming the file."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as exc:
+        raise ReportError(f"{path}: cannot read the report ({exc.strerror or exc})") from None
+    try:
+        rep = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ReportError(f"{path}: not a UTF-8 JSON report ({exc.reason} at byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise ReportError(f"{path}: not valid JSON (truncated or garbled? {exc.msg} at line {exc.lineno}, "
+                          f"column {exc.colno}); re-run 'agoq conformance run' to write it again") from None
+    validate_report(rep, str(path))
+    return rep
+
+
+def validate_report(rep: Any, where: str = "report") -> None:
+    """Check a report's structure: schema, suite, golden/spec versions, a non-empty case list with
+    unique ids and known verdicts. Raises ``ReportError`` with every problem found."""
+    if not isinstance(rep, dict):
+        raise ReportError(f"{where}: a report is a JSON object, got {type(rep).__name__}")
+    problems = []
+    if rep.get("schema") != REPORT_SCHEMA:
+        problems.append(f"schema {rep.get('schema')!r} (this agoq reads schema {REPORT_SCHEMA})")
+    if rep.get("suite") != SUITE:
+        problems.append(f"suite {rep.get('suite')!r} (expected {SUITE!r})")
+    g = rep.get("golden")
+    if not isinstance(g, dict) or not isinstance(g.get("spec_version"), int) or not isinstance(g.get("sha256"), str):
+        problems.append("no golden set record (golden.spec_version, golden.sha256)")
+    run = rep.get("run")
+    if not isinstance(run, dict) or not isinstance(run.get("backend"), str):
+        problems.append("no run record (run.backend, run.device)")
+    cases = rep.get("cases")
+    if not isinstance(cases, list) or not cases:
+        problems.append("no cases (an empty or missing case list proves nothing)")
+    else:
+        seen: dict[str, int] = {}
+        for i, c in enumerate(cases):
+            if not isinstance(c, dict) or not isinstance(c.get("id"), str):
+                problems.append(f"case #{i} has no id")
+                continue
+            if c.get("verdict") not in VERDICTS:
+                problems.append(f"case {c['id']!r}: unknown verdict {c.get('verdict')!r}")
+            seen[c["id"]] = seen.get(c["id"], 0) + 1
+        dups = sorted(k for k, v in seen.items() if v > 1)
+        if dups:
+            problems.append(f"{len(dups)} duplicate case id(s), e.g. {dups[:3]} (a tampered or merged report)")
+    if problems:
+        shown = problems[:5] + ([f"... and {len(problems) - 5} more"] if len(problems) > 5 else [])
+        raise ReportError(f"{where}: not a valid conformance report: " + "; ".join(shown))
 
 
 def _version(dist: str) -> str | None:
@@ -55,12 +118,18 @@ def compare_reports(a: dict, b: dict, *, ignore_skips: bool = False) -> tuple[bo
     because GEMM rounding is device-specific) count only where both reports ran them: a backend that
     does not claim a fused GEMM is not in disagreement with one that does.
     Returns (agree, list of human-readable differences).
+    Reports of different golden sets (spec version or sha256) are not comparable: ``ReportError``.
     """
     diffs: list[str] = []
-    ga, gb = a.get("golden", {}), b.get("golden", {})
-    if ga.get("sha256") != gb.get("sha256"):
-        diffs.append(f"different golden sets: {ga.get('sha256')} vs {gb.get('sha256')}")
-        return False, diffs
+    validate_report(a, "report A")
+    validate_report(b, "report B")
+    ga, gb = a["golden"], b["golden"]
+    if ga["spec_version"] != gb["spec_version"]:
+        raise ReportError(f"the reports use different golden set versions (spec version {ga['spec_version']} vs "
+                          f"{gb['spec_version']}): re-run the older one with this agoq to compare them")
+    if ga["sha256"] != gb["sha256"]:
+        raise ReportError(f"the reports use different golden sets of spec version {ga['spec_version']} "
+                          f"(sha256 {ga['sha256'][:12]} vs {gb['sha256'][:12]}): re-run both with one agoq-conformance")
     ca = {c["id"]: c for c in a.get("cases", [])}
     cb = {c["id"]: c for c in b.get("cases", [])}
     na, nb = a.get("run", {}).get("backend", "A"), b.get("run", {}).get("backend", "B")

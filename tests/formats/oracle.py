@@ -100,3 +100,9 @@ def f32_to_fp8_bits(x: np.ndarray, kind: str) -> np.ndarray:
             code = ((ee + bias) << mbits) | (q & ((1 << mbits) - 1))
         out.flat[i] = code
     return (out | sign).astype(np.uint8)
+
+
+def fp8_code(x: np.ndarray, kind: str) -> np.ndarray:
+    """The contract's FP8 code (§4.2): the rounded bits, but no -0 code (a zero magnitude is 0x00)."""
+    bits = f32_to_fp8_bits(x, kind)
+    return np.where(bits == 0x80, 0, bits).astype(np.uint8)

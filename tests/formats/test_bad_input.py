@@ -20,6 +20,15 @@ def test_bad_block_sizes(block):
         agoq_core.quantize(torch.randn(64), "int4", block=block)
 
 
+@pytest.mark.parametrize("block, hint", [(-8, "Try block=8 (defaults"), (0, "Try block=8 (defaults"),
+                                         (5, "Try block=8 (defaults"), (12, "Try block=8 or 16 (defaults")])
+def test_block_hint_is_always_a_valid_block(block, hint):
+    """The hint never suggests 0 or a negative block (issue 15 §9: block=-8 suggested 0)."""
+    with pytest.raises(FormatError) as exc:
+        agoq_core.quantize(torch.randn(64), "int4", block=block)
+    assert hint in str(exc.value), str(exc.value)
+
+
 def test_block_error_suggests_valid_sizes():
     with pytest.raises(FormatError, match="block=12 is not a positive multiple of 8.*block=8.*16"):
         get_format("int5", 12)

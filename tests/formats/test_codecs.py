@@ -113,8 +113,11 @@ def test_fp8_codec_matches_torch_cast_and_integer_logic():
         q = agoq_core.quantize(x, fmt, block=block)
         assert torch.all(q.scales == 1.0)
         torch_bits = x.to(dt).view(torch.uint8)
-        assert torch.equal(q.codes, torch_bits)
         assert np.array_equal(oracle.f32_to_fp8_bits(x.numpy(), fmt), torch_bits.numpy())
+        # the contract has no -0 code: torch's 0x80 (a negative that rounds to zero) is our 0x00
+        assert (torch_bits == 0x80).any()  # the case occurs in this input
+        assert torch.equal(q.codes, torch.where(torch_bits == 0x80, 0, torch_bits))
+        assert np.array_equal(oracle.fp8_code(x.numpy(), fmt), q.codes.numpy())
 
 
 @pytest.mark.parametrize("bits", [4, 5, 6, 8])
@@ -181,3 +184,29 @@ def test_non_contiguous_input_uses_logical_order():
     x = torch.randn(64, 48).t()
     assert torch.equal(agoq_core.dequantize(agoq_core.quantize(x, "int8")),
                        agoq_core.dequantize(agoq_core.quantize(x.contiguous(), "int8")))
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e5m2"])
+def test_fp8_has_no_negative_zero_code(fmt):
+    """docs/formats.md §4.2: a magnitude that rounds to zero is code 0x00, whatever its sign (issue 15 §4)."""
+    x = torch.tensor([1.0, -1e-6, -1e-30, -0.0, -2.0**-12, -1e-38, 0.0, -3e-45] * 4)
+    q = agoq_core.quantize(x, fmt, block=32)
+    assert not (q.codes == 0x80).any(), q.codes
+    y = agoq_core.dequantize(q)
+    assert torch.equal(y[2:4].view(torch.int32), torch.zeros(2, dtype=torch.int32))  # +0.0, not -0.0
+    assert not (y.view(torch.int32) == -2**31).any()  # no -0.0 anywhere
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_finite_max_gives_finite_output(fmt, dtype):
+    """Finite in, finite out: +-max of the dtype must not decode to +-Inf (issue 15 §8: int6/int8 did)."""
+    big = torch.finfo(dtype).max
+    spec = get_format(fmt)
+    x = torch.zeros(spec.block + 8, dtype=dtype)
+    x[0], x[1], x[2], x[spec.block] = big, -big, 1.0, -big
+    q = agoq_core.quantize(x, fmt)
+    y = agoq_core.dequantize(q)
+    assert y.dtype == dtype and torch.isfinite(y).all(), (fmt, y[:3], y[spec.block])
+    assert y[0] > 0.99 * big and y[1] < -0.99 * big  # still the extreme value, not clipped
+    assert torch.isfinite(q.scales).all() and torch.isfinite(q.scales * spec.qmax).all()

@@ -17,14 +17,15 @@ import torch.multiprocessing as mp
 from agoq_core.testing.dist import free_port
 
 
-def _entry(rank: int, fn: Callable, world: int, port: int, outdir: str, args: tuple, threads: int) -> None:
+def _entry(rank: int, fn: Callable, world: int, port: int, outdir: str, args: tuple, threads: int,
+           timeout_s: float = 120.0) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(threads)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
     try:
         result: Any = ("ok", fn(rank, world, *args))
     except BaseException as exc:  # reported to the parent, which raises
@@ -37,10 +38,11 @@ def _entry(rank: int, fn: Callable, world: int, port: int, outdir: str, args: tu
             dist.destroy_process_group()
 
 
-def run_ranks(fn: Callable, world: int, *args: Any, threads: int = 1) -> list[Any]:
-    """``fn(rank, world, *args)`` on ``world`` gloo ranks; returns the per-rank results in rank order."""
+def run_ranks(fn: Callable, world: int, *args: Any, threads: int = 1, timeout_s: float = 120.0) -> list[Any]:
+    """``fn(rank, world, *args)`` on ``world`` gloo ranks; returns the per-rank results in rank order.
+    ``timeout_s`` is the process group's timeout: a collective some rank never joins raises after it."""
     with tempfile.TemporaryDirectory() as outdir:
-        mp.start_processes(_entry, args=(fn, world, free_port(), outdir, args, threads), nprocs=world,
+        mp.start_processes(_entry, args=(fn, world, free_port(), outdir, args, threads, timeout_s), nprocs=world,
                            start_method="spawn", join=True)
         results = []
         for r in range(world):

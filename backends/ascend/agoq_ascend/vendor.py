@@ -1,7 +1,8 @@
 """torch_npu's own quantization operators: which ones could stand in for our kernels, and the one
 that may, opt-in.
 
-Checked against docs/formats.md (spec version 1); all need an NPU, none has run here:
+Checked against docs/formats.md (spec version 1; version 2's changes, FP8's −0 code and the scale
+step-down near FLT_MAX, do not touch int8 from bf16/fp16 inputs); all need an NPU, none has run here:
 
 * ``npu_dynamic_block_quant`` (A2/A3: int8, 1x128 blocks, ``round_mode="rint"``, fp16/bf16 inputs,
   2-D/3-D, non-empty): documented as ``scale = min(absmax / 127, 1 / min_scale)``, ``y = rint(x / scale)``

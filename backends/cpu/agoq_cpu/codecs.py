@@ -58,7 +58,7 @@ def _encode(v: torch.Tensor, spec: FormatSpec) -> torch.Tensor:
         normal = (a - (bias << 23) + ((1 << (shift - 1)) - 1) + ((a >> shift) & 1)) >> shift
         sub = (v.abs() + magic).view(torch.int32) - (magic_exp << 23)
         mag = torch.where(a >= ((bias + 1) << 23), normal, sub)
-        return mag | ((bits >> 24) & 0x80)  # sign bit of v: a negative value rounding to 0 keeps it, as torch's cast
+        return torch.where(mag == 0, 0, mag | ((bits >> 24) & 0x80))  # no -0 code (docs/formats.md §4.2, v2)
     raise ValueError(f"agoq-cpu: no encoder for code kind {spec.kind!r}")
 
 
@@ -75,6 +75,8 @@ def quantize_blocks(x2d: torch.Tensor, qmax: torch.Tensor, spec: FormatSpec) -> 
     x = torch.where((expo == 0) | bad, 0.0, x)                # flush subnormals and -0, drop non-finite
     scale = x.abs().amax(dim=1, keepdim=True) / qmax
     scale = torch.where(scale < MIN_NORMAL_F32, 0.0, scale)
+    # qmax x scale must stay finite (absmax near FLT_MAX): one fp32 step down (docs/formats.md §3 step 5, v2)
+    scale = torch.where(torch.isinf(scale * qmax), (scale.view(torch.int32) - 1).view(torch.float32), scale)
     zero = scale == 0
     v = torch.where(zero, 0.0, x / torch.where(zero, 1.0, scale))
     codes = torch.where(nonfinite, spec.zero_code, _encode(v, spec))

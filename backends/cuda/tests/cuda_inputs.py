@@ -57,6 +57,8 @@ def special_blocks(spec: FormatSpec, block: int, seed: int) -> torch.Tensor:
         torch.zeros(block),
         _tie_block(spec, block, 1.0), _tie_block(spec, block, 2.0**-7), _tie_block(spec, block, 2.0**9),
         put([f32.max, -f32.max, 1.0, -0.0, -1.0]),
+        put([-f32.max * 0.75, 1.0, -2.0**-12]),                               # int6/int8 scale step-down
+        put([1.0, -1e-6, -1e-30, -0.0, -2.0**-12]),                           # tiny negatives: fp8 +0 code
         torch.arange(block) * f32.tiny,                                       # tiny normals
         put([f32.tiny / 4, -f32.tiny / 2, 1e-40, -1e-45, 3.0, -0.0]),         # subnormals are flushed
         rnd(2.0**-118), rnd(2.0**-112), rnd(2.0**-100),                       # scales near 2**-126

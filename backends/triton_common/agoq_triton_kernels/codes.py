@@ -205,6 +205,24 @@ def f32_to_bf16_bits(x):
     return tl.where(x != x, 0x7FC0, r | sign)  # NaN test as an fp32 compare (a > _EXP_MASK)
 
 
+# ---- block scale ---------------------------------------------------------------------------------------
+@triton.jit
+def block_scale(amax, QMAX: tl.constexpr):
+    """scale = RN(absmax / qmax) (docs/formats.md §3 step 5; div_rn: Triton's '/' is approximate on
+    NVIDIA); below 2**-126 it is 0, and one fp32 step down when qmax x scale overflows (absmax near
+    FLT_MAX: int6/int8 round the quotient up), so every decoded code x scale stays finite."""
+    scale = finite_scale(tl.math.div_rn(amax, QMAX), QMAX)
+    return tl.where((scale.to(tl.int32, bitcast=True) & _EXP_MASK) == 0, 0.0, scale)
+
+
+@triton.jit
+def finite_scale(scale, QMAX: tl.constexpr):
+    """The scale one fp32 step down where qmax x scale overflows (a multiply only: no FMA can form)."""
+    sb = scale.to(tl.int32, bitcast=True)
+    over = ((scale * QMAX).to(tl.int32, bitcast=True) & _ABS_MASK) == _EXP_MASK
+    return tl.where(over, sb - 1, sb).to(tl.float32, bitcast=True)
+
+
 # ---- codes --------------------------------------------------------------------------------------------
 @triton.jit
 def zero_code(KIND: tl.constexpr, BITS: tl.constexpr):
@@ -288,17 +306,19 @@ def encode(v, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr, HW: tl
         if CLAMP:
             vc = tl.minimum(tl.maximum(v, -QMAX), QMAX)
         if HW:
-            return vc.to(tl.float8e4nv).to(tl.int8, bitcast=True).to(tl.int32) & 0xFF
+            c = vc.to(tl.float8e4nv).to(tl.int8, bitcast=True).to(tl.int32) & 0xFF
         else:
-            return f32_to_e4m3_bits(vc)
+            c = f32_to_e4m3_bits(vc)
+        return tl.where(c == 0x80, 0, c)  # no -0 code (§4.2): a magnitude that rounds to 0 is +0
     else:
         vc = v
         if CLAMP:
             vc = tl.minimum(tl.maximum(v, -QMAX), QMAX)
         if HW:
-            return vc.to(tl.float8e5).to(tl.int8, bitcast=True).to(tl.int32) & 0xFF
+            c = vc.to(tl.float8e5).to(tl.int8, bitcast=True).to(tl.int32) & 0xFF
         else:
-            return f32_to_e5m2_bits(vc)
+            c = f32_to_e5m2_bits(vc)
+        return tl.where(c == 0x80, 0, c)  # no -0 code (§4.2)
 
 
 @triton.jit

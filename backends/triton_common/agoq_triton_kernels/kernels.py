@@ -36,8 +36,8 @@ import triton
 import triton.language as tl
 
 from agoq_triton_kernels.codes import (
-    _ABS_MASK, _EXP_MASK, _MIN_NORMAL_BITS, _MIN_NORMAL_F32, _QNAN, _SIGN, bf16_bits_to_f32, bucket_encode, decode,
-    encode, exact_quotient, f32_to_bf16_bits, pow2_scale_to_2_4, recip_2_4, split12, zero_code,
+    _ABS_MASK, _EXP_MASK, _MIN_NORMAL_BITS, _MIN_NORMAL_F32, _QNAN, _SIGN, bf16_bits_to_f32, block_scale, bucket_encode,
+    decode, encode, exact_quotient, f32_to_bf16_bits, finite_scale, pow2_scale_to_2_4, recip_2_4, split12, zero_code,
 )
 from agoq_triton_kernels.mx import mx_quantize_tile
 
@@ -203,13 +203,10 @@ def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.
         rowmax = tl.max(a, axis=1)
         bad = rowmax >= _EXP_MASK
         amax = tl.where(rowmax < _MIN_NORMAL_BITS, 0, rowmax).to(tl.float32, bitcast=True)
-        scale = tl.math.div_rn(amax, QMAX)
-        scale = tl.where((scale.to(tl.int32, bitcast=True) & _EXP_MASK) == 0, 0.0, scale)
+        scale = block_scale(amax, QMAX)
         xf = tl.where(a < _MIN_NORMAL_BITS, 0.0, x)
+        # (the quotient's sign may be wrong below 2**-100; every code maps those to +0: no -0 code)
         v = _scaled_quotient(xf, scale, FAST_DIV)
-        if KIND >= 3:  # fp8 keeps the sign of a tiny quotient: take it from x (exact: sign(x/s) = sign(x))
-            v = ((v.to(tl.int32, bitcast=True) & _ABS_MASK)
-                 | (xf.to(tl.int32, bitcast=True) & _SIGN)).to(tl.float32, bitcast=True)
     else:
         ax = tl.abs(x)
         xf = tl.where(ax < _MIN_NORMAL_F32, 0.0, x)
@@ -217,7 +214,7 @@ def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.
         bad = nf != nf
         amax = tl.max(ax, axis=1)
         amax = tl.where(bad | (amax < _MIN_NORMAL_F32), 0.0, amax)
-        scale = _exact_scale(amax, QMAX)
+        scale = finite_scale(_exact_scale(amax, QMAX), QMAX)  # qmax x scale stays finite (§3 step 5)
         v = _exact_scaled_values(xf, tl.where(scale == 0.0, 1.0, scale))
     codes = _encode_tile(v, elut_ptr, KIND, BITS, QMAX, HW, LUT)
     codes = tl.where((bad | (scale == 0.0))[:, None], zero_code(KIND, BITS), codes)
