@@ -221,6 +221,10 @@ def _swiglu_laaq(self: nn.Module, st: "_State", x: torch.Tensor) -> torch.Tensor
         raise AgoqError(f"LAAQ family row {row!r} does not match {st.path} ({type(self).__name__}): computing "
                         f"down(act(gate(x)) * up(x)) with {names} fails: {e}. Fix the row (fused projections: "
                         "LayerFamily(gate_up_proj=...); fused q/k/v: qkv=(...))") from e
+    if out.shape == ref.shape and not bool(torch.isfinite(ref).all()):
+        # Nothing to compare on non-finite values (e.g. torch.distributed.pipelining's shape inference
+        # runs a stage on uninitialised buffers): check at the next forward instead.
+        return out
     err = ((out.detach().double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item() \
         if out.shape == ref.shape else float("inf")
     if not err <= 1e-2:

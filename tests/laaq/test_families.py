@@ -108,3 +108,27 @@ def test_a_user_row_is_checked_against_the_first_forward():
     with pytest.raises(AgoqError, match="swapped.*relative difference"):
         grads(model, ids)
     remove(model)
+
+
+def test_a_non_finite_first_forward_defers_the_row_check():
+    # torch.distributed.pipelining's shape inference runs a stage once on uninitialised buffers: the MLP
+    # row check must not blame the row for NaNs in its input; it checks at the next (finite) forward.
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**BASE)).train()
+    ids = torch.randint(0, BASE["vocab_size"], (2, 8))
+    want = model(input_ids=ids, labels=ids).loss
+    apply(model)
+    emb = model.get_input_embeddings()(ids)
+    model(inputs_embeds=torch.full_like(emb, float("nan")))  # no AgoqError
+    assert not any(getattr(st, "validated", False) for st in _mlp_states(model))
+    torch.testing.assert_close(model(input_ids=ids, labels=ids).loss, want)
+    assert all(st.validated for st in _mlp_states(model))
+
+
+def _mlp_states(model):
+    states = [m.__dict__["_agoq_laaq"] for m in model.modules() if "_agoq_laaq" in m.__dict__]
+    mlps = [st for st in states if st.kind == "swiglu"]
+    assert len(mlps) == BASE["num_hidden_layers"]
+    return mlps
