@@ -19,12 +19,22 @@ def agoq(*args, env=None, check=True):
     return out
 
 
-def test_backends_shows_reference_selected_with_reason():
+def _auto_backend() -> str:
+    """Without an accelerator the cpu plugin is chosen where installed (scripts/setup.sh does), else reference."""
+    from importlib.metadata import entry_points
+
+    return "cpu" if any(ep.name == "cpu" for ep in entry_points(group="agoq.backends")) else "reference"
+
+
+def test_backends_shows_the_auto_selected_backend_with_reason():
+    name = _auto_backend()
     out = agoq("backends").stdout
-    assert "*reference" in out
-    assert "selected: reference (auto: no accelerator backend is available" in out
+    assert f"*{name}" in out
+    assert f"selected: {name} (auto: no accelerator backend is available" in out
     data = json.loads(agoq("backends", "--json").stdout)
-    assert data["selected"]["name"] == "reference"
+    assert data["selected"]["name"] == name
+    out = agoq("backends", env={"AGOQ_BACKEND": "reference"}).stdout
+    assert "*reference" in out and "selected: reference" in out
 
 
 def test_unknown_backend_fails_and_lists_installed():

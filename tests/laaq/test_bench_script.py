@@ -29,4 +29,4 @@ def test_bench_laaq_tiny_runs_end_to_end(tmp_path):
     assert 0 < rep["goals"]["saved_layers_ratio_32"] < 0.30
     assert runs[("laaq", 32)]["parts"]["logits_loss"] < runs[("plain", 32)]["parts"]["logits_loss"]
     assert abs(runs[("laaq", 32)]["loss"] - runs[("plain", 32)]["loss"]) < 1e-2  # same model, same data
-    assert rep["meta"]["agoq_backend"] == "reference" and "LAAQ on LlamaForCausalLM" in rep["laaq_report"]
+    assert rep["meta"]["agoq_backend"] in ("cpu", "reference") and "LAAQ on LlamaForCausalLM" in rep["laaq_report"]
