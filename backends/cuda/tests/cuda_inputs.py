@@ -6,7 +6,7 @@ import torch
 from agoq_core.formats import reference as ref
 from agoq_core.formats.spec import FormatSpec
 
-__all__ = ["special_blocks", "assert_bits_equal"]
+__all__ = ["special_blocks", "assert_bits_equal", "poisoned_q", "assert_roundtrip_bitexact"]
 
 
 def _tie_block(spec: FormatSpec, block: int, s: float) -> torch.Tensor:
@@ -89,3 +89,24 @@ def assert_bits_equal(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     bad = (a != b).nonzero().flatten()
     assert bad.numel() == 0, (f"{what}: {bad.numel()} of {a.numel()} differ; first at {int(bad[0])}: got "
                               f"{sel_g[bad[0]].item()!r}, want {sel_w[bad[0]].item()!r}")
+
+
+def poisoned_q(spec: FormatSpec, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes and scales buffers for ``n`` elements filled with values no kernel writes (unwritten = caught)."""
+    return (torch.full((spec.code_bytes(n),), 0xA5, dtype=torch.uint8, device=device),
+            torch.full((spec.num_blocks(n),), -7.0, dtype=torch.float32, device=device))
+
+
+def assert_roundtrip_bitexact(launch, x: torch.Tensor, spec: FormatSpec, device, out_dtypes) -> None:
+    """quantize(x) through ``launch`` equals the reference bit for bit, and so does dequantize of the
+    reference's codes into every dtype of ``out_dtypes``."""
+    n = x.numel()
+    codes, scales = poisoned_q(spec, n, device)
+    launch.quantize(x.to(device), spec, codes, scales)
+    want_c, want_s = ref.quantize_blocks(x, spec)
+    assert_bits_equal(codes, want_c, "codes")
+    assert_bits_equal(scales, want_s, "scales")
+    for odt in out_dtypes:
+        out = torch.full((n,), 123.0, dtype=odt, device=device)
+        launch.dequantize(want_c.to(device), want_s.to(device), spec, out)
+        assert_bits_equal(out, ref.dequantize_blocks(want_c, want_s, spec, n, odt), f"dequantize to {odt}")

@@ -8,7 +8,7 @@ import torch
 from agoq_core.formats import reference as ref
 from agoq_core.formats.spec import get_format, list_formats
 from agoq_cuda import launch
-from cuda_inputs import assert_bits_equal, special_blocks
+from cuda_inputs import assert_bits_equal, assert_roundtrip_bitexact, poisoned_q, special_blocks
 
 FORMATS = [s.name for s in list_formats()]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -23,26 +23,11 @@ def _blocks(fmt: str) -> list[int]:
 CASES = [(f, b) for f in FORMATS for b in _blocks(f)]
 
 
-def _empty_q(spec, n, device):
-    return (torch.full((spec.code_bytes(n),), 0xA5, dtype=torch.uint8, device=device),  # poisoned
-            torch.full((spec.num_blocks(n),), -7.0, dtype=torch.float32, device=device))
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=_DT_IDS.get)
 @pytest.mark.parametrize("fmt,block", CASES, ids=[f"{f}-b{b}" for f, b in CASES])
 def test_quantize_dequantize_special_values(fmt, block, dtype, device):
     spec = get_format(fmt, block)
-    x = special_blocks(spec, block, seed=block).to(dtype)
-    n = x.numel()
-    codes, scales = _empty_q(spec, n, device)
-    launch.quantize(x.to(device), spec, codes, scales)
-    want_c, want_s = ref.quantize_blocks(x, spec)
-    assert_bits_equal(codes, want_c, "codes")
-    assert_bits_equal(scales, want_s, "scales")
-    for odt in DTYPES:
-        out = torch.full((n,), 123.0, dtype=odt, device=device)
-        launch.dequantize(want_c.to(device), want_s.to(device), spec, out)
-        assert_bits_equal(out, ref.dequantize_blocks(want_c, want_s, spec, n, odt), f"dequantize to {odt}")
+    assert_roundtrip_bitexact(launch, special_blocks(spec, block, seed=block).to(dtype), spec, device, DTYPES)
 
 
 @pytest.mark.parametrize("fmt", ["int4", "int5", "int6", "nf4", "fp8_e4m3"])
@@ -53,7 +38,7 @@ def test_odd_shapes_and_many_tiles(fmt, n, device):
     spec = get_format(fmt, 24)
     g = torch.Generator().manual_seed(n)
     x = torch.randn(n, generator=g) * 2
-    codes, scales = _empty_q(spec, n, device)
+    codes, scales = poisoned_q(spec, n, device)
     launch.quantize(x.to(device), spec, codes, scales, rows=1, programs=3)
     want_c, want_s = ref.quantize_blocks(x, spec)
     assert_bits_equal(codes, want_c, "codes")
@@ -66,7 +51,7 @@ def test_odd_shapes_and_many_tiles(fmt, n, device):
 def test_float64_input_is_rounded_like_the_reference(device):
     spec = get_format("int8")
     x = torch.randn(1000, dtype=torch.float64, generator=torch.Generator().manual_seed(3)) * 10
-    codes, scales = _empty_q(spec, x.numel(), device)
+    codes, scales = poisoned_q(spec, x.numel(), device)
     launch.quantize(x.to(device), spec, codes, scales)
     want_c, want_s = ref.quantize_blocks(x, spec)
     assert_bits_equal(codes, want_c, "codes")
@@ -130,7 +115,7 @@ def test_reduce_requantize_matches_reference(fmt, world, device):
     if world > 1:
         scales[1, 2] = float("nan")  # one rank's non-finite block poisons that block of the sum
     want_c, want_s = ref.reduce_requantize(codes, scales, spec, n)
-    out_c, out_s = _empty_q(spec, n, device)
+    out_c, out_s = poisoned_q(spec, n, device)
     launch.reduce_requantize(codes.to(device), scales.to(device), spec, n, out_c, out_s)
     assert_bits_equal(out_c, want_c, "codes")
     assert_bits_equal(out_s, want_s, "scales")
@@ -150,7 +135,7 @@ def test_reduce_sums_in_rank_order(device):
     right = ref.dequantize_blocks(codes[0], scales[0], spec, 8) + (
         ref.dequantize_blocks(codes[1], scales[1], spec, 8) + ref.dequantize_blocks(codes[2], scales[2], spec, 8))
     assert left[0] != right[0]  # the case really distinguishes the orders
-    out_c, out_s = _empty_q(spec, 8, device)
+    out_c, out_s = poisoned_q(spec, 8, device)
     launch.reduce_requantize(codes.to(device), scales.to(device), spec, 8, out_c, out_s)
     want_c, want_s = ref.quantize_blocks(left, spec)
     assert_bits_equal(out_c, want_c, "codes")
@@ -167,7 +152,7 @@ def test_chunking_of_huge_tensors(fmt, device, monkeypatch):
     g = torch.Generator().manual_seed(5)
     n = 17 * 24 + 11
     x = torch.randn(n, generator=g)
-    codes, scales = _empty_q(spec, n, device)
+    codes, scales = poisoned_q(spec, n, device)
     launch.quantize(x.to(device), spec, codes, scales)
     want_c, want_s = ref.quantize_blocks(x, spec)
     assert_bits_equal(codes, want_c, "codes")
@@ -181,7 +166,7 @@ def test_chunking_of_huge_tensors(fmt, device, monkeypatch):
     assert_bits_equal(codes, acc_c, "accumulate codes")
     assert_bits_equal(scales, acc_s, "accumulate scales")
     both_c, both_s = torch.stack([want_c, acc_c]), torch.stack([want_s, acc_s])
-    out_c, out_s = _empty_q(spec, n, device)
+    out_c, out_s = poisoned_q(spec, n, device)
     launch.reduce_requantize(both_c.to(device), both_s.to(device), spec, n, out_c, out_s)
     red_c, red_s = ref.reduce_requantize(both_c, both_s, spec, n)
     assert_bits_equal(out_c, red_c, "reduce codes")
@@ -198,7 +183,7 @@ def test_portable_variant_on_the_gpu(fmt, device):
     x = special_blocks(spec, spec.block, seed=3)
     n = x.numel()
     want_c, want_s = ref.quantize_blocks(x, spec)
-    codes, scales = _empty_q(spec, n, device)
+    codes, scales = poisoned_q(spec, n, device)
     launch.quantize(x.to(device), spec, codes, scales, hw=False)
     assert_bits_equal(codes, want_c, "codes")
     assert_bits_equal(scales, want_s, "scales")
@@ -212,6 +197,6 @@ def test_hw_variant_is_refused_where_it_cannot_run(device):
         pytest.skip("this GPU runs HW=True")
     spec = get_format("int8")
     x = torch.ones(8, device=device)
-    codes, scales = _empty_q(spec, 8, device)
+    codes, scales = poisoned_q(spec, 8, device)
     with pytest.raises(ValueError, match="compute capability >= 8.9"):
         launch.quantize(x, spec, codes, scales, hw=True)

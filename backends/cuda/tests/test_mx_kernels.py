@@ -9,7 +9,7 @@ import torch
 from agoq_core.formats import reference as ref
 from agoq_core.formats.spec import get_format, microscaling_formats
 from agoq_cuda import launch
-from cuda_inputs import assert_bits_equal, special_blocks
+from cuda_inputs import assert_bits_equal, assert_roundtrip_bitexact, poisoned_q, special_blocks
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -23,26 +23,11 @@ def _inputs(spec, seed: int) -> torch.Tensor:
     return torch.cat([x, extra])
 
 
-def _poisoned(spec, n, device):
-    return (torch.full((spec.code_bytes(n),), 0xA5, dtype=torch.uint8, device=device),
-            torch.full((spec.num_blocks(n),), -7.0, dtype=torch.float32, device=device))
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("fmt", microscaling_formats())
 def test_quantize_dequantize_bitexact(fmt, dtype, device):
     spec = get_format(fmt)
-    x = _inputs(spec, seed=len(fmt)).to(dtype)
-    n = x.numel()
-    codes, scales = _poisoned(spec, n, device)
-    launch.quantize(x.to(device), spec, codes, scales)
-    want_c, want_s = ref.quantize_blocks(x, spec)
-    assert_bits_equal(codes, want_c, "codes")
-    assert_bits_equal(scales, want_s, "scales")
-    for odt in DTYPES:
-        out = torch.full((n,), 123.0, dtype=odt, device=device)
-        launch.dequantize(want_c.to(device), want_s.to(device), spec, out)
-        assert_bits_equal(out, ref.dequantize_blocks(want_c, want_s, spec, n, odt), f"dequantize to {odt}")
+    assert_roundtrip_bitexact(launch, _inputs(spec, seed=len(fmt)).to(dtype), spec, device, DTYPES)
 
 
 @pytest.mark.parametrize("fmt", microscaling_formats())
@@ -50,7 +35,7 @@ def test_quantize_dequantize_bitexact(fmt, dtype, device):
 def test_odd_shapes_many_tiles(fmt, n, device):
     spec = get_format(fmt)
     x = torch.randn(n, generator=torch.Generator().manual_seed(n)) * 2
-    codes, scales = _poisoned(spec, n, device)
+    codes, scales = poisoned_q(spec, n, device)
     launch.quantize(x.to(device), spec, codes, scales, rows=1, programs=3)
     want_c, want_s = ref.quantize_blocks(x, spec)
     assert_bits_equal(codes, want_c, "codes")
@@ -60,7 +45,7 @@ def test_odd_shapes_many_tiles(fmt, n, device):
 def test_nvfp4_zero_and_nonfinite_tensor(device):
     spec = get_format("nvfp4")
     for x in (torch.zeros(48), torch.tensor([1.0, float("nan")] + [0.5] * 46), torch.full((48,), 1e-30)):
-        codes, scales = _poisoned(spec, x.numel(), device)
+        codes, scales = poisoned_q(spec, x.numel(), device)
         launch.quantize(x.to(device), spec, codes, scales)
         want_c, want_s = ref.quantize_blocks(x, spec)
         assert_bits_equal(codes, want_c, "codes")
@@ -82,7 +67,7 @@ def test_mxfp8_accumulate_and_reduce(device):
     parts = [ref.quantize_blocks(torch.randn(n, generator=g) * (r + 1), spec) for r in range(3)]
     codes, scales = torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
     want_c, want_s = ref.reduce_requantize(codes, scales, spec, n)
-    co, so = _poisoned(spec, n, device)
+    co, so = poisoned_q(spec, n, device)
     launch.reduce_requantize(codes.to(device), scales.to(device), spec, n, co, so)
     assert_bits_equal(co, want_c, "reduce codes")
     assert_bits_equal(so, want_s, "reduce scales")
