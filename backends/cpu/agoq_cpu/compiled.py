@@ -99,16 +99,28 @@ _OPS = {
 }
 
 
+def _python_dispatch_mode_active() -> bool:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    return _get_current_dispatch_mode() is not None
+
+
 class _Variant:
     """One codec variant; the first call compiles it and reports how long that took."""
 
-    __slots__ = ("fn", "label", "dynamic_dims", "owner", "ready")
+    __slots__ = ("fn", "eager", "label", "dynamic_dims", "owner", "ready")
 
-    def __init__(self, fn: Callable, label: str, dynamic_dims, owner: "Compiler") -> None:
+    def __init__(self, fn: Callable, label: str, dynamic_dims, owner: "Compiler", eager: Callable | None = None) -> None:
         self.fn, self.label, self.dynamic_dims, self.owner = fn, label, dynamic_dims, owner
+        self.eager = eager if eager is not None else fn
         self.ready = not owner.compile
 
     def __call__(self, *args) -> None:
+        if _python_dispatch_mode_active():
+            # Compiled graphs do not run under a Python dispatch mode (torch.compile skips the frame); the
+            # same functions run eagerly there, same bits (e.g. the conformance no-float64 capability mode).
+            self.eager(*args)
+            return
         if self.ready:
             self.fn(*args)
             return
@@ -157,13 +169,13 @@ class Compiler:
         v = self._variants.get(key)
         if v is None:
             build, dims = _OPS[op]
-            fn = build(spec, dtype) if op == "dequantize" else build(spec)
+            fn = eager = build(spec, dtype) if op == "dequantize" else build(spec)
             dt = str(dtype).removeprefix("torch.")
             label = f"{spec.name} {op} ({dt})"
             if self.compile:
                 name = f"agoq_cpu_{op}_{spec.kind}{spec.bits}_{dt}"
                 fn = torch.compile(_fresh(fn, name), fullgraph=True, dynamic=False, options=EXACT_OPTIONS)
-            v = self._variants[key] = _Variant(fn, label, dims, self)
+            v = self._variants[key] = _Variant(fn, label, dims, self, eager)
         return v
 
     def _compiling(self, label: str) -> None:
