@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call, several benchmarks: each stage gets its own time limit and writes into $OUT.
 #   bash benchmarks/gpu_session.sh STAGE[:SECONDS] ...
-# Stages: conformance, laaq, quangrad, fusion, codecs, torchtitan, equal-memory, integrations. Runs the repo in place via PYTHONPATH (the GPU
+# Stages: conformance, laaq, quangrad, laaq-fusion, fusion, codecs, torchtitan, equal-memory, integrations,
+# grad-error, mx-probe. Runs the repo in place via PYTHONPATH (the GPU
 # machine has torch + triton preinstalled and no network).
 set -u
 source "$(dirname "$0")/gpu_env.sh"
@@ -18,7 +19,8 @@ for spec in "$@"; do
   stage=${spec%%:*}; secs=${spec#*:}; [ "$secs" = "$spec" ] && secs=300
   echo "=== $stage (limit ${secs}s) ==="
   case $stage in
-    conformance) cmd=(python3 -m agoq_core.cli.main conformance run --backend cuda --report "$OUT/cuda-h200.json") ;;
+    # pytest -n 16 compiles the Triton cache in parallel first; the report run then takes seconds.
+    conformance) cmd=(bash -c 'python3 -m pytest -q -n 16 -p no:cacheprovider conformance_tests --agoq-backend cuda | tail -8; python3 -m agoq_core.cli.main conformance run --backend cuda --report "$OUT/cuda-h200.json"') ;;
     laaq)        cmd=(python3 benchmarks/bench_laaq.py --budget-s $((secs - 40))) ;;
     quangrad)    cmd=(python3 benchmarks/bench_quangrad_gpu.py) ;;
     laaq-fusion) cmd=(bash -c 'for f in 0 1; do echo "AGOQ_FUSION=$f"; AGOQ_FUSION=$f python3 benchmarks/bench_laaq.py --methods laaq --seqs 16384 --ladder-methods "" --steps 3 --json "$OUT/bench_laaq_fusion$f.json" | grep -E "tok/s|^laaq "; done') ;;
@@ -27,6 +29,8 @@ for spec in "$@"; do
     torchtitan)  cmd=(python3 benchmarks/bench_torchtitan.py --budget-s $((secs - 30))) ;;  # needs .whl (docs/integrations.md)
     equal-memory) cmd=(python3 benchmarks/bench_equal_memory.py --quick) ;;  # needs the torchao wheel in .whl
     integrations) cmd=(python3 benchmarks/bench_integrations.py) ;;   # CUDA autocast, eager vs compiled LAAQ
+    grad-error)  cmd=(python3 benchmarks/bench_grad_error.py --budget-s $((secs - 40))) ;;  # LAAQ gradient error, 7B shapes
+    mx-probe)    cmd=(python3 benchmarks/gpu_mx_reduce_probe.py) ;;
     *) echo "unknown stage $stage"; continue ;;
   esac
   start=$(date +%s)
