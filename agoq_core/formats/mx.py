@@ -17,7 +17,7 @@ import torch
 
 from agoq_core.formats.spec import FormatSpec
 
-__all__ = ["quantize_scaled", "nvfp4_tensor_scale", "nvfp4_quantize_compact", "mx_scales_to_e8m0",
+__all__ = ["quantize_scaled", "nvfp4_tensor_scale", "nvfp4_tensor_scale_from_absmax", "nvfp4_quantize_compact", "mx_scales_to_e8m0",
            "e8m0_to_mx_scales", "EMAX_ELEM", "MX_MIN_EXP", "NVFP4_MIN_TENSOR_SCALE", "E4M3_MIN_SUBNORMAL"]
 
 _EXP = 0x7F800000
@@ -49,15 +49,21 @@ def _clean_blocks(xb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def nvfp4_tensor_scale(x: torch.Tensor) -> torch.Tensor:
     """NVFP4's fp32 per-tensor scale S = RN(absmax / 2688) over the finite, normal elements of ``x``
-    (0-d fp32 tensor on x's device). Below :data:`NVFP4_MIN_TENSOR_SCALE` it is 0 (the tensor flushes).
-
-    The one copy: the Triton launcher calls it too, so S is bit-identical on every backend (a max is exact,
-    and torch's fp32 division is correctly rounded on CPU, CUDA and NPU)."""
+    (0-d fp32 tensor on x's device). Below :data:`NVFP4_MIN_TENSOR_SCALE` it is 0 (the tensor flushes)."""
     xf = x.reshape(-1).to(torch.float32)
     if xf.numel() == 0:
         return torch.zeros((), dtype=torch.float32, device=x.device)
     expo = xf.view(torch.int32) & _EXP
     a = torch.where((expo == 0) | (expo == _EXP), torch.zeros_like(xf), xf.abs()).amax()
+    return nvfp4_tensor_scale_from_absmax(a)
+
+
+def nvfp4_tensor_scale_from_absmax(a: torch.Tensor) -> torch.Tensor:
+    """S from the absmax ``a`` (0-d fp32) of the finite, normal elements; the one copy of the step after the
+    max: the Triton launchers compute ``a`` with a kernel (a max is exact: any order gives the same bits) and
+    call this, so S is bit-identical on every backend (torch's fp32 division is correctly rounded on CPU,
+    CUDA and NPU)."""
+    a = a.to(torch.float32)
     s = a / _f32(_NVFP4_DIVISOR, a)
     return torch.where(s < NVFP4_MIN_TENSOR_SCALE, torch.zeros_like(s), s)
 

@@ -1,106 +1,188 @@
 """Compile the codec kernels for sm_90 without a GPU and count their instructions per element.
 
-``python -m agoq_cuda.codec_isa [--formats int4 mxfp4 ...] [--json out.json]`` (run WITHOUT TRITON_INTERPRET).
-For each format it compiles quantize_kernel / dequantize_kernel as agoq-cuda launches them on an H200 (bf16
-input, HW=True, the geometry's rows and warps for 2**30 elements) through Triton's real NVIDIA pipeline and
-reports SASS instructions of the loop body per element (static count of the whole cubin / elements per tile
-iteration: an upper bound that ignores the prologue). This is how the quantize kernels' cost is read on a
-machine without a GPU (issue 17: the bandwidth leaves room for ~20 instructions per element on an H200).
+``python -m agoq_cuda.codec_isa [--formats int4 mxfp4 ...] [--ops quantize ...] [--json out.json] [--ops-histogram]``
+(run WITHOUT TRITON_INTERPRET). For each format it compiles the codec kernels as agoq-cuda launches them on an
+H200 (bf16 input/output, HW=True, the geometry's rows and warps for 2**30 elements; reduce_requantize for
+4 ranks) through Triton's real NVIDIA pipeline and reports SASS instructions per element, statically:
+
+* ``sass_per_element``: the whole cubin / elements per tile (prologue, cold paths and padding included: an
+  upper bound, the number quoted before 2026-12-01 17:00);
+* ``loop_per_element``: the instructions of the persistent loop's body (from the target of its back-edge to
+  the back-edge) without the cold regions a conditional branch skips to call a subroutine (the slow path of
+  ``div.rn`` for special operands), per element: what one tile costs a thread when no slow path runs.
+
+These are static counts, not measurements: they ignore latency, memory stalls and issue conflicts. The
+issue-17 budget: an H200 copies ~4.2 TB/s, i.e. about 20 instructions per element of bf16 quantize.
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import json
+import os
 import re
 import subprocess
 import tempfile
 
-__all__ = ["compile_codec", "main"]
+__all__ = ["compile_codec", "loop_body", "main"]
+
+_WORLD = 4  # reduce_requantize: ranks summed per element
+
+
+def _signature(op: str, spec, lut: bool) -> dict:
+    ts = "*fp32" if spec.tensor_scaled else "constexpr"
+    elut = "*i64" if lut else "constexpr"
+    if op == "quantize":
+        return {"x_ptr": "*i16", "codes_ptr": "*i8", "scales_ptr": "*fp32", "n": "i32", "n_blocks": "i32",
+                "n_tiles": "i32", "elut_ptr": elut, "ts_ptr": ts}
+    if op == "dequantize":
+        return {"codes_ptr": "*i8", "scales_ptr": "*fp32", "lut_ptr": "*fp32", "out_ptr": "*i16", "n": "i32",
+                "n_blocks": "i32", "n_tiles": "i32"}
+    if op == "accumulate":
+        return {"codes_ptr": "*i8", "scales_ptr": "*fp32", "lut_ptr": "*fp32", "g_ptr": "*i16", "n": "i32",
+                "n_blocks": "i32", "n_tiles": "i32", "elut_ptr": elut}
+    if op == "reduce_requantize":
+        return {"codes_ptr": "*i8", "scales_ptr": "*fp32", "lut_ptr": "*fp32", "codes_out_ptr": "*i8",
+                "scales_out_ptr": "*fp32", "n": "i32", "n_blocks": "i32", "n_tiles": "i32", "world": "i32",
+                "codes_stride": "i32", "scales_stride": "i32", "elut_ptr": elut}
+    raise ValueError(f"unknown op {op!r}; known: quantize, dequantize, accumulate, reduce_requantize")
 
 
 def compile_codec(op: str, fmt: str, arch: int = 90) -> dict:
+    """Compile ``op`` for ``fmt`` as agoq-cuda would launch it on an H200 and count its SASS."""
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import ASTSource
 
     from agoq_core.formats.spec import get_format
-    from agoq_cuda.launch import geometry
+    from agoq_cuda.launch import CudaGeometry
     from agoq_triton_kernels import kernels as K
     from agoq_triton_kernels.layout import FLOAT_BF16, format_constexprs
 
     spec = get_format(fmt)
     c = format_constexprs(kind=spec.kind, bits=spec.bits, block=spec.block, qmax=spec.qmax,
                           scale_kind=spec.scale_kind)
-    geo = geometry(c["BLOCK_P"], (1 << 30) // spec.block, torch.device("cuda"), programs=132)
+    la = CudaGeometry().plan(op, spec, 1 << 30, torch.bfloat16, torch.device("cuda"), rows=None, programs=132)
     lut = spec.kind == "nf4"
-    c.update(ROWS=geo.rows, RAGGED=False, HW=True, NF4_LUT=lut)
-    if op == "quantize":
-        fn = K.quantize_kernel
-        sig = {"x_ptr": "*i16", "codes_ptr": "*i8", "scales_ptr": "*fp32", "n": "i32", "n_blocks": "i32",
-               "n_tiles": "i32", "elut_ptr": "*i64" if lut else "constexpr", "ts_ptr": "*fp32"
-               if spec.tensor_scaled else "constexpr"}
-        c.update(X_FLOAT=FLOAT_BF16)
-        if not lut:
-            c["elut_ptr"] = None
-        if not spec.tensor_scaled:
-            c["ts_ptr"] = None
-    else:
-        fn = K.dequantize_kernel
-        sig = {"codes_ptr": "*i8", "scales_ptr": "*fp32", "lut_ptr": "*fp32", "out_ptr": "*i16", "n": "i32",
-               "n_blocks": "i32", "n_tiles": "i32"}
-        c.update(OUT_FLOAT=FLOAT_BF16)
+    c.update(ROWS=la.rows, BLOCK_P=la.block_p, RAGGED=False, HW=True, NF4_LUT=lut)
+    fn = {"quantize": K.quantize_kernel, "dequantize": K.dequantize_kernel, "accumulate": K.accumulate_kernel,
+          "reduce_requantize": K.reduce_requantize_kernel}[op]
+    sig = _signature(op, spec, lut)
+    c.update(X_FLOAT=FLOAT_BF16, OUT_FLOAT=FLOAT_BF16, G_FLOAT=FLOAT_BF16)
+    for k in ("elut_ptr", "ts_ptr"):
+        if sig.get(k) == "constexpr":
+            c[k] = None
     c = {k: v for k, v in c.items() if k in fn.arg_names}
     for prm in fn.params:  # defaults the JIT would fill in (SCALE=0, ...)
         if prm.name not in sig and prm.name not in c:
             c[prm.name] = prm.default
     for k in c:
         sig[k] = "constexpr"
+    # what the JIT knows of real launches: pointers 16-byte aligned, rank strides multiples of 16
     attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in sig
-             if sig[k].startswith("*")}
+             if sig[k].startswith("*") or k in ("codes_stride", "scales_stride")}
     src = ASTSource(fn, {k: sig.get(k, "constexpr") for k in fn.arg_names}, c, attrs)
     ck = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                        options={"num_warps": geo.num_warps, "enable_fp_fusion": False})
+                        options={"num_warps": la.options["num_warps"], "enable_fp_fusion": False})
+    elems = la.rows * spec.block
+    threads = 32 * la.options["num_warps"]
+    rec = {"op": op, "fmt": fmt, "rows": la.rows, "warps": la.options["num_warps"], "elements_per_tile": elems,
+           "ptx_lines": sum(1 for ln in ck.asm["ptx"].splitlines() if ln.strip().endswith(";")),
+           "registers": getattr(ck, "n_regs", None), "shared_bytes": ck.metadata.shared}
     sass = _sass(ck.asm["cubin"])
-    elems = geo.rows * spec.block
-    threads = 32 * geo.num_warps
-    rec = {"op": op, "fmt": fmt, "rows": geo.rows, "warps": geo.num_warps, "elements_per_tile": elems,
-           "ptx_lines": sum(1 for ln in ck.asm["ptx"].splitlines() if ln.strip().endswith(";"))}
     if sass is not None:
-        rec["sass_instructions"] = sass
-        rec["sass_per_element"] = round(sass * threads / elems, 1)
+        ins = _parse(sass)
+        body = loop_body(ins)
+        rec["sass_instructions"] = len(ins)
+        rec["sass_per_element"] = round(len(ins) * threads / elems, 1)
+        rec["loop_instructions"] = len(body)
+        rec["loop_per_element"] = round(len(body) * threads / elems, 2)
+        rec["loop_opcodes"] = dict(collections.Counter(_opcode(t) for _, t in body).most_common())
+        rec["_sass"] = sass
     return rec
 
 
-def _sass(cubin: bytes) -> int | None:
+def _parse(sass: str) -> list[tuple[int, str]]:
+    out = []
+    for ln in sass.splitlines():
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+([A-Z@][^;]*);", ln)
+        if m:
+            out.append((int(m.group(1), 16), m.group(2).strip()))
+    return out
+
+
+def _opcode(text: str) -> str:
+    return re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0]
+
+
+def loop_body(ins: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """The instructions of the outermost loop (widest backward branch), without cold regions: the
+    instructions a conditional forward branch skips when the skipped region calls a subroutine."""
+    best = None
+    for a, t in ins:
+        m = re.search(r"\bBRA\s+(?:`?\(?)?(0x[0-9a-f]+)", t)
+        if m and int(m.group(1), 16) < a and (best is None or a - int(m.group(1), 16) > best[1] - best[0]):
+            best = (int(m.group(1), 16), a)
+    if best is None:
+        return list(ins)
+    body = [(a, t) for a, t in ins if best[0] <= a <= best[1]]
+    cold = set()
+    for a, t in body:
+        m = re.match(r"@!?U?P\w+\s+BRA\s+(0x[0-9a-f]+)", t)
+        if m:
+            region = [(b, u) for b, u in body if a < b < int(m.group(1), 16)]
+            if any("CALL" in u for _, u in region):
+                cold.update(b for b, _ in region)
+    return [(a, t) for a, t in body if a not in cold]
+
+
+def _sass(cubin: bytes) -> str | None:
     try:
-        from triton.backends.nvidia.compiler import get_ptxas  # noqa: F401
         import triton.backends.nvidia as nv
-        import os
 
         cuobjdump = os.path.join(os.path.dirname(nv.__file__), "bin", "cuobjdump")
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(cubin)
             f.flush()
-            out = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, timeout=60).stdout
+            return subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, timeout=60).stdout
     except Exception:
         return None
-    return sum(1 for ln in out.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/\s+[A-Z@]", ln)) or None
+
+
+FORMATS = ["int4", "int5", "int6", "int8", "fp4_e2m1", "nf4", "fp8_e4m3", "fp8_e5m2", "mxfp4", "mxfp8", "nvfp4"]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--formats", nargs="*", default=["int4", "int5", "int6", "int8", "fp4_e2m1", "nf4", "fp8_e4m3",
-                                                     "mxfp4", "mxfp8", "nvfp4"])
-    ap.add_argument("--ops", nargs="*", default=["quantize", "dequantize"])
-    ap.add_argument("--json")
+    ap.add_argument("--formats", nargs="*", default=FORMATS)
+    ap.add_argument("--ops", nargs="*", default=["quantize", "dequantize", "accumulate", "reduce_requantize"])
+    ap.add_argument("--json", help="write every record (without the SASS text) to this file")
+    ap.add_argument("--sass-dir", help="write each kernel's SASS to DIR/op_format.sass")
+    ap.add_argument("--ops-histogram", action="store_true", help="print the loop body's opcode counts")
     a = ap.parse_args(argv)
-    recs = [compile_codec(op, f) for f in a.formats for op in a.ops]
-    for r in recs:
-        print(json.dumps(r))
+    from agoq_core.formats.spec import get_format
+
+    recs = []
+    print(f"{'op':18} {'format':9} {'rows':>4} {'warps':>5} {'regs':>4} {'loop/elem':>9} {'cubin/elem':>10}")
+    for f in a.formats:
+        for op in a.ops:
+            if op in ("accumulate", "reduce_requantize") and get_format(f).tensor_scaled:
+                continue  # not block-local: the launcher refuses them
+            r = compile_codec(op, f)
+            sass = r.pop("_sass", None)
+            if a.sass_dir and sass:
+                os.makedirs(a.sass_dir, exist_ok=True)
+                with open(os.path.join(a.sass_dir, f"{op}_{f}.sass"), "w") as fh:
+                    fh.write(sass)
+            recs.append(r)
+            print(f"{op:18} {f:9} {r['rows']:>4} {r['warps']:>5} {r['registers'] or '-':>4} "
+                  f"{r.get('loop_per_element', '-'):>9} {r.get('sass_per_element', '-'):>10}", flush=True)
+            if a.ops_histogram:
+                print("   ", r.get("loop_opcodes"))
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(recs, f, indent=1)
+        with open(a.json, "w") as fh:
+            json.dump(recs, fh, indent=1)
     return 0
 
 

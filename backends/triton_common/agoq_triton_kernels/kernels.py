@@ -41,7 +41,7 @@ from agoq_triton_kernels.codes import (
 )
 from agoq_triton_kernels.mx import mx_quantize_tile
 
-__all__ = ["quantize_kernel", "dequantize_kernel", "accumulate_kernel", "reduce_requantize_kernel",
+__all__ = ["quantize_kernel", "dequantize_kernel", "accumulate_kernel", "reduce_requantize_kernel", "absmax_kernel",
            "quantize_tile", "store_codes", "load_codes", "dequantize_tile"]
 
 
@@ -433,3 +433,24 @@ def reduce_requantize_kernel(codes_ptr, scales_ptr, lut_ptr, codes_out_ptr, scal
         store_codes(codes_out_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
         tl.store(scales_out_ptr + rows, scale, mask=ok)
         t += tl.num_programs(0)
+
+
+_FLT_MAX = tl.constexpr(3.4028234663852886e38)
+
+
+@triton.jit(do_not_specialize=_SIZES)
+def absmax_kernel(x_ptr, part_ptr, n, n_blocks, n_tiles, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
+                  ROWS: tl.constexpr, RAGGED: tl.constexpr, X_FLOAT: tl.constexpr):
+    """part[p] = max |x| over the finite, normal elements of program p's tiles (0 if none): the input of
+    NVFP4's tensor scale (agoq_core.formats.mx.nvfp4_tensor_scale_from_absmax; the launcher takes the max of
+    the partials). fp32 compares only (NaN fails both, so NaN, +-Inf and subnormals are skipped; Ascend runs
+    int32 vector compares as scalar code); a max of non-negative, non-NaN floats is exact in any order."""
+    p = tl.program_id(0)
+    t = p
+    acc = tl.zeros((ROWS,), dtype=tl.float32)
+    while t < n_tiles:
+        rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
+        ax = tl.abs(_load_f32(x_ptr, elem, emask, X_FLOAT))
+        acc = tl.maximum(acc, tl.max(tl.where((ax >= _MIN_NORMAL_F32) & (ax <= _FLT_MAX), ax, 0.0), axis=1))
+        t += tl.num_programs(0)
+    tl.store(part_ptr + p, tl.max(acc, axis=0))

@@ -108,13 +108,19 @@ class LaunchGeometry(Protocol):
 
 
 def _tensor_scale(spec, x: torch.Tensor) -> torch.Tensor | None:
-    """NVFP4's [S, RN(1/S)] (fp32, on x's device; no host sync): S from the reference's one copy
-    (agoq_core.formats.mx.nvfp4_tensor_scale), 1/S with torch's correctly rounded fp32 division (0 -> 0)."""
+    """NVFP4's [S, RN(1/S)] (fp32, on x's device; no host sync) computed with torch: S from the reference's one
+    copy (agoq_core.formats.mx.nvfp4_tensor_scale). Launcher.tensor_scale gives the same bits with one
+    kernel pass over x (this torch version reads x about ten times: the 2026-12-01 H200 run's nvfp4 quantize
+    at 4% of copy bandwidth was this function)."""
     if not getattr(spec, "tensor_scaled", False):
         return None
     from agoq_core.formats.mx import nvfp4_tensor_scale
 
-    s = nvfp4_tensor_scale(x)
+    return _scale_and_inverse(nvfp4_tensor_scale(x))
+
+
+def _scale_and_inverse(s: torch.Tensor) -> torch.Tensor:
+    """[S, RN(1/S)] (1/S with torch's correctly rounded fp32 division; 0 -> 0)."""
     inv = torch.where(s == 0, torch.zeros_like(s), torch.ones_like(s) / torch.where(s == 0, torch.ones_like(s), s))
     return torch.stack([s, inv])
 
@@ -165,6 +171,30 @@ class Launcher:
             self.last_plans.append(launch.plan)
             return
 
+    def tensor_scale(self, spec, x: torch.Tensor, *, programs: int | None = None) -> torch.Tensor | None:
+        """NVFP4's [S, RN(1/S)] for ``x`` (None for other formats), bit-identical to the reference: one pass of
+        absmax_kernel over x (per-program partial maxima, then their max with torch), then the reference's
+        nvfp4_tensor_scale_from_absmax. No host sync."""
+        if not getattr(spec, "tensor_scaled", False):
+            return None
+        from agoq_core.formats.mx import nvfp4_tensor_scale_from_absmax
+
+        n = x.numel()
+        if n == 0:
+            return _scale_and_inverse(torch.zeros((), dtype=torch.float32, device=x.device))
+        xv, xk, io = self._float_in(x, "quantize")
+        dev, fmt = x.device, format_constexprs(kind=spec.kind, bits=spec.bits, block=spec.block, qmax=spec.qmax)
+        parts = []
+        for off, m, _, _, ragged in segments(spec, n):
+            la = self.geometry.plan("quantize", spec, m, io, dev, rows=None, programs=programs)
+            part = torch.empty(la.grid, dtype=torch.float32, device=dev)
+            K.absmax_kernel[(la.grid,)](xv[off:off + m], part, m, spec.num_blocks(m), la.n_tiles,
+                                        BLOCK=fmt["BLOCK"], BLOCK_P=la.block_p, ROWS=la.rows, RAGGED=ragged,
+                                        X_FLOAT=xk, **la.options)
+            parts.append(part)
+        a = parts[0].amax() if len(parts) == 1 else torch.cat(parts).amax()
+        return _scale_and_inverse(nvfp4_tensor_scale_from_absmax(a))
+
     def _elut(self, spec, device: torch.device):
         return nf4_encode_lut(spec.kind, device) if self.geometry.nf4_lut else None
 
@@ -183,7 +213,7 @@ class Launcher:
         xv, xk, io = self._float_in(x, "quantize")
         g, dev = self.geometry, x.device
         f, cv, elut = self._format(spec, dev, hw), codes.view(torch.int8), self._elut(spec, dev)
-        ts = _tensor_scale(spec, x) if n else None
+        ts = self.tensor_scale(spec, x, programs=programs) if n else None
         self.last_plans = []
         for off, m, boff, soff, ragged in segments(spec, n):
             replan = functools.partial(g.plan, "quantize", spec, m, io, dev, programs=programs)
