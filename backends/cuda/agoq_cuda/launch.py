@@ -70,6 +70,7 @@ class CudaGeometry:
     """The LaunchGeometry of agoq-cuda: tiles of whole blocks sized in lanes, persistent programs."""
 
     who = "agoq-cuda"
+    pure_plans = True  # plan() depends on its arguments only: the launcher caches the plans
     nf4_lut = True  # one gather per element beats the 15-threshold search on sm_90 (agoq_triton_kernels.kernels)
     float64_via_float32 = True
 
