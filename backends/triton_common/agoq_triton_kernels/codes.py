@@ -207,15 +207,6 @@ def f32_to_bf16_bits(x):
 
 # ---- block scale ---------------------------------------------------------------------------------------
 @triton.jit
-def block_scale(amax, QMAX: tl.constexpr):
-    """scale = RN(absmax / qmax) (docs/formats.md §3 step 5; div_rn: Triton's '/' is approximate on
-    NVIDIA); below 2**-126 it is 0, and one fp32 step down when qmax x scale overflows (absmax near
-    FLT_MAX: int6/int8 round the quotient up), so every decoded code x scale stays finite."""
-    scale = finite_scale(tl.math.div_rn(amax, QMAX), QMAX)
-    return tl.where((scale.to(tl.int32, bitcast=True) & _EXP_MASK) == 0, 0.0, scale)
-
-
-@triton.jit
 def finite_scale(scale, QMAX: tl.constexpr):
     """The scale one fp32 step down where qmax x scale overflows (a multiply only: no FMA can form)."""
     sb = scale.to(tl.int32, bitcast=True)

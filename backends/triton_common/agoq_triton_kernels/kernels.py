@@ -34,9 +34,10 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from agoq_triton_kernels.codes import (
-    _ABS_MASK, _EXP_MASK, _MIN_NORMAL_BITS, _MIN_NORMAL_F32, _QNAN, _SIGN, bf16_bits_to_f32, block_scale, bucket_encode,
+    _ABS_MASK, _EXP_MASK, _MIN_NORMAL_BITS, _MIN_NORMAL_F32, _QNAN, _SIGN, bf16_bits_to_f32, bucket_encode,
     decode, encode, exact_quotient, f32_to_bf16_bits, finite_scale, pow2_scale_to_2_4, recip_2_4, split12, zero_code,
 )
 from agoq_triton_kernels.mx import mx_quantize_tile
@@ -107,13 +108,18 @@ def _scaled_quotient(xf, scale, FAST_DIV: tl.constexpr):
     y within half an ulp of 1/b, q within one ulp). The 2**k scaling keeps every remainder above
     the subnormal range; quotients below 2**-100 may differ but every code maps them to zero
     (their sign is restored by the caller). 6 flops instead of a ~12-instruction division.
+    CUDA only: x' = libdevice.mul_rn(x, 2**k) and y = libdevice.rcp_rn(b) compile, with Triton's FTZ
+    reflection of libdevice, to mul.rn.ftz / rcp.rn.ftz: the multiply flushes a subnormal x to +-0 (the
+    contract's step 2, so the caller needs no select per element; a product below 2**-126 is flushed too,
+    but its quotient is below 2**-127 and codes to zero anyway) and the reciprocal has no slow path
+    (b is normal). backends/triton_common/tests/test_fast_division.py replays the sequence with an exact fma.
     """
     if FAST_DIV:
         k = ((255 - ((scale.to(tl.int32, bitcast=True) >> 23) & 0xFF)) << 23).to(tl.float32, bitcast=True)
         b = scale * k
         nb = -b[:, None]
-        y = tl.math.div_rn(1.0, b)[:, None]
-        x2 = xf * k[:, None]
+        y = libdevice.rcp_rn(b)[:, None]
+        x2 = libdevice.mul_rn(xf, k[:, None])
         q = x2 * y
         q = tl.fma(tl.fma(nb, q, x2), y, q)
         return tl.fma(tl.fma(nb, q, x2), y, q)
@@ -186,8 +192,9 @@ def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.
     of their lanes: their codes are replaced wholesale at the end.
 
     FAST_DIV=True (GPUs): absmax on the magnitude bits (integer order = value order for non-negative
-    floats; NaN/Inf sort above every finite value, which is exactly the non-finite flag), div_rn for the
-    scale and the FMA-based quotient of _scaled_quotient.
+    floats; NaN/Inf sort above every finite value, which is exactly the non-finite flag), the scale by
+    libdevice.div_rn (div.rn.ftz: a quotient below 2**-126 is +0, as the contract wants, with no select),
+    and the FMA-based quotient of _scaled_quotient (which also flushes subnormal x).
     FAST_DIV=False (the interpreter, Ascend): no integer compare per element (Ascend's vector unit runs
     int32 compares as scalar code) and no division instruction: absmax is an fp32 max of |x|, the
     non-finite flag a NaN test on the row sum of x - x (0 for finite x, NaN for NaN and +-Inf; a sum,
@@ -203,10 +210,9 @@ def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.
         rowmax = tl.max(a, axis=1)
         bad = rowmax >= _EXP_MASK
         amax = tl.where(rowmax < _MIN_NORMAL_BITS, 0, rowmax).to(tl.float32, bitcast=True)
-        scale = block_scale(amax, QMAX)
-        xf = tl.where(a < _MIN_NORMAL_BITS, 0.0, x)
+        scale = finite_scale(libdevice.div_rn(amax, QMAX), QMAX)
         # (the quotient's sign may be wrong below 2**-100; every code maps those to +0: no -0 code)
-        v = _scaled_quotient(xf, scale, FAST_DIV)
+        v = _scaled_quotient(x, scale, FAST_DIV)
     else:
         ax = tl.abs(x)
         xf = tl.where(ax < _MIN_NORMAL_F32, 0.0, x)
