@@ -342,6 +342,95 @@ def _materialise(p, opaque_zero):
     return (p.to(tl.int32, bitcast=True) | opaque_zero).to(tl.float32, bitcast=True)
 
 
+# ---- the 16-lane tile of the GPU quantize kernels (VEC16) ---------------------------------------------------
+# Triton gives each thread of a bf16 tile at most 8 contiguous elements (one 16-byte load), so a 4/5/6-bit
+# thread packs 8 codes into 4/5/6 bytes and its stores need a shared-memory layout change (and, for 5/6 bits,
+# byte stores). VEC16 loads the two halves of every 16-element group with two loads of the same layout, so a
+# thread owns 16 consecutive elements of a row: its codes pack in registers into 2 x int32 (4-bit), 3 x int32
+# (6-bit) or 5 x int16 (5-bit) stores, no layout conversion, and a 128-element row spans 8 threads instead of
+# 16 (one shuffle and half the per-row work less per element). Whole power-of-two blocks of >= 16 elements
+# only (the launcher checks that, and the alignment of the code buffer for the wide stores).
+@triton.jit
+def _tile16(t, n_blocks, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """Offsets [BLOCK // 16, ROWS, 8] of the first half of each 16-element group (the second: + 8), the rows,
+    their validity, and the load mask (by row only: the loads stay vectorized). The group index comes first:
+    Triton lays threads along the dims of equal contiguity in index order, so lanes walk a row's groups
+    (coalesced) and a row's reduction stays within a warp."""
+    rows = t * ROWS + tl.arange(0, ROWS)
+    j = tl.arange(0, BLOCK // 16)
+    c = tl.arange(0, 8)
+    off = rows[None, :, None] * BLOCK + j[:, None, None] * 16 + c[None, None, :]
+    ok = rows < n_blocks
+    return rows, ok, off, ok[None, :, None] & (c[None, None, :] >= 0)
+
+
+@triton.jit
+def _rows_of16(xa, xb, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """The two halves [J, ROWS, 8] as one [ROWS, BLOCK] tile (a row's order is (j, c, half), not memory order:
+    the block quantizer only reduces over rows and works element-wise). No data moves."""
+    return tl.reshape(tl.permute(tl.join(xa, xb), (1, 0, 2, 3)), (ROWS, BLOCK))
+
+
+@triton.jit
+def _halves_of16(codes, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """Inverse of _rows_of16: [ROWS, BLOCK] -> the two halves [J, ROWS, 8]."""
+    return tl.split(tl.permute(tl.reshape(codes, (ROWS, BLOCK // 16, 8, 2)), (1, 0, 2, 3)))
+
+
+@triton.jit
+def _or_combine(a, b):
+    return a | b
+
+
+@triton.jit
+def _pack_in_thread(c, BITS: tl.constexpr, N: tl.constexpr):
+    """[A, B, N] codes (N consecutive, in one thread) -> [A, B] int32 with code i at bits BITS * i."""
+    sh = (tl.arange(0, N) * BITS)[None, None, :]
+    return tl.reduce(c << sh, 2, _or_combine)
+
+
+@triton.jit
+def _groups4(c, BITS: tl.constexpr, ROWS: tl.constexpr, J: tl.constexpr):
+    """[J, ROWS, 8] codes -> two [J, ROWS] int32 of 4 codes each (codes 0-3, 4-7), BITS apart."""
+    return tl.split(tl.reshape(_pack_in_thread(tl.reshape(c, (J, ROWS * 2, 4)), BITS, 4), (J, ROWS, 2)))
+
+
+@triton.jit
+def _store_codes16(codes_ptr, ca, cb, rows, ok, off, ROWS: tl.constexpr, BITS: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    """Codes of the two halves (ca: elements 16j + c, cb: 16j + 8 + c; int32 [BLOCK // 16, ROWS, 8]) -> the
+    byte stream of docs/formats.md §5 (little-endian), packed in registers."""
+    J: tl.constexpr = BLOCK // 16
+    if BITS == 8:
+        m = ok[None, :, None]
+        tl.store(codes_ptr + off, ca.to(tl.int8), mask=m)
+        tl.store(codes_ptr + off + 8, cb.to(tl.int8), mask=m)
+    elif BITS == 4:  # 16 codes -> 8 bytes -> 2 words
+        w = tl.join(_pack_in_thread(ca, 4, 8), _pack_in_thread(cb, 4, 8))  # [J, ROWS, 2]
+        k = rows[None, :, None] * (BLOCK // 8) + tl.arange(0, J)[:, None, None] * 2 + tl.arange(0, 2)[None, None, :]
+        tl.store(codes_ptr.to(tl.pointer_type(tl.int32)) + k, w, mask=ok[None, :, None])
+    elif BITS == 6:  # 16 codes -> 96 bits -> 3 words; g* = 4 codes (24 bits)
+        g0, g1 = _groups4(ca, 6, ROWS, J)
+        g2, g3 = _groups4(cb, 6, ROWS, J)
+        wp = codes_ptr.to(tl.pointer_type(tl.int32)) + rows[None, :] * (J * 3) + 3 * tl.arange(0, J)[:, None]
+        m = ok[None, :]
+        tl.store(wp, g0 | (g1 << 24), mask=m)
+        tl.store(wp + 1, (g1 >> 8) | (g2 << 16), mask=m)
+        tl.store(wp + 2, (g2 >> 16) | (g3 << 8), mask=m)
+    else:  # 5-bit: 16 codes -> 80 bits -> 5 halfwords (a group starts 2-byte aligned); g* = 4 codes (20 bits)
+        g0, g1 = _groups4(ca, 5, ROWS, J)
+        g2, g3 = _groups4(cb, 5, ROWS, J)
+        w0 = g0 | (g1 << 20)
+        w1 = (g1 >> 12) | (g2 << 8) | (g3 << 28)
+        hp = codes_ptr.to(tl.pointer_type(tl.int16)) + rows[None, :] * (J * 5) + 5 * tl.arange(0, J)[:, None]
+        m = ok[None, :]
+        tl.store(hp, w0.to(tl.int16), mask=m)
+        tl.store(hp + 1, (w0 >> 16).to(tl.int16), mask=m)
+        tl.store(hp + 2, w1.to(tl.int16), mask=m)
+        tl.store(hp + 3, (w1 >> 16).to(tl.int16), mask=m)
+        tl.store(hp + 4, (g3 >> 4).to(tl.int16), mask=m)
+
+
 # ---- kernels --------------------------------------------------------------------------------------------
 # Sizes are not specialized: one compiled kernel per format/dtype/geometry serves every tensor size
 # (Triton would otherwise compile again for n % 16 == 0 vs not, n == 1, ...). Vectorization does not
@@ -354,15 +443,26 @@ def quantize_kernel(x_ptr, codes_ptr, scales_ptr, n, n_blocks, n_tiles,
                     KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
                     QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, X_FLOAT: tl.constexpr,
                     HW: tl.constexpr, elut_ptr=None, NF4_LUT: tl.constexpr = False, SCALE: tl.constexpr = 0,
-                    ts_ptr=None):
-    """x (n elements; fp32/fp16, or bf16 as int16) -> codes (int8 view of the uint8 buffer), scales fp32."""
+                    ts_ptr=None, VEC16: tl.constexpr = False):
+    """x (n elements; fp32/fp16, or bf16 as int16) -> codes (int8 view of the uint8 buffer), scales fp32.
+
+    VEC16 (agoq-cuda, whole power-of-two blocks >= 16): the 16-lane tile above; else the generic tile."""
     t = tl.program_id(0)
     while t < n_tiles:
-        rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
-        x = _load_f32(x_ptr, elem, emask, X_FLOAT)
-        codes, scale = quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None, HW,
-                                     SCALE, ts_ptr)
-        store_codes(codes_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
+        if VEC16:
+            rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
+            xa = _load_f32(x_ptr, off, m, X_FLOAT)
+            xb = _load_f32(x_ptr, off + 8, m, X_FLOAT)
+            codes, scale = quantize_tile(_rows_of16(xa, xb, ROWS, BLOCK), elut_ptr, KIND, BITS, QMAX, HW,
+                                         NF4_LUT and elut_ptr is not None, HW, SCALE, ts_ptr)
+            ca, cb = _halves_of16(codes, ROWS, BLOCK)
+            _store_codes16(codes_ptr, ca, cb, rows, ok, off, ROWS, BITS, BLOCK)
+        else:
+            rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
+            x = _load_f32(x_ptr, elem, emask, X_FLOAT)
+            codes, scale = quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None,
+                                         HW, SCALE, ts_ptr)
+            store_codes(codes_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
         tl.store(scales_ptr + rows, scale, mask=ok)
         t += tl.num_programs(0)
 

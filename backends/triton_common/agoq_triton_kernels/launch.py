@@ -80,6 +80,9 @@ class Launch:
     """Device launch/compile options (CUDA: num_warps; Triton-Ascend: multibuffer)."""
     plan: Any = None
     """The geometry's own record of the decision (tests and benchmarks read it from ``last_plans``)."""
+    vec16: bool = False
+    """quantize: use the 16-lane tile (kernels.VEC16: a thread owns 16 consecutive elements and packs its codes
+    in registers) where the launch allows it (whole power-of-two blocks >= 16, aligned code buffer)."""
 
 
 class LaunchGeometry(Protocol):
@@ -123,6 +126,16 @@ def _scale_and_inverse(s: torch.Tensor) -> torch.Tensor:
     """[S, RN(1/S)] (1/S with torch's correctly rounded fp32 division; 0 -> 0)."""
     inv = torch.where(s == 0, torch.zeros_like(s), torch.ones_like(s) / torch.where(s == 0, torch.ones_like(s), s))
     return torch.stack([s, inv])
+
+
+def _vec16(la: Launch, spec, ragged: bool, codes: torch.Tensor) -> dict:
+    """{"VEC16": True} where the geometry asks for the 16-lane quantize tile and this piece allows it: whole
+    power-of-two blocks of >= 16 elements, and a code buffer aligned for its packed stores (4-bit, 6-bit: int32;
+    5-bit: int16). Otherwise nothing (the kernel's default generic tile)."""
+    if not la.vec16 or ragged or la.block_p != spec.block or spec.block < 16:
+        return {}
+    align = {4: 4, 6: 4, 5: 2, 8: 1}[spec.bits]
+    return {"VEC16": True} if codes.data_ptr() % align == 0 else {}
 
 
 def ts_arg(ts: torch.Tensor | None) -> dict:
@@ -240,10 +253,11 @@ class Launcher:
         for off, m, boff, soff, ragged in segments(spec, n):
             replan = functools.partial(g.plan, "quantize", spec, m, io, dev, programs=programs)
             nb = spec.num_blocks(m)
+            cpiece = cv[boff:boff + spec.code_bytes(m)]
             self._run(K.quantize_kernel, self._first(replan, rows),
-                      lambda la: (xv[off:off + m], cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], m, nb,
-                                  la.n_tiles),
-                      lambda la: {**self._consts(f, la, ragged), "X_FLOAT": xk, "elut_ptr": elut, **ts_arg(ts)},
+                      lambda la: (xv[off:off + m], cpiece, scales[soff:soff + nb], m, nb, la.n_tiles),
+                      lambda la: {**self._consts(f, la, ragged), "X_FLOAT": xk, "elut_ptr": elut, **ts_arg(ts),
+                                  **_vec16(la, spec, ragged, cpiece)},
                       replan)
 
     def dequantize(self, codes: torch.Tensor, scales: torch.Tensor, spec, out: torch.Tensor, *,
