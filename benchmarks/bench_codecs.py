@@ -4,10 +4,12 @@ One command on the lent H200 (a few minutes, about half of it torch.compile):
 
     PYTHONPATH=.:backends/triton_common:backends/cuda python benchmarks/bench_codecs.py
 
-(issue 17, < 3 minutes: ``--sizes-mib 1024 --no-sweep --deadline-s 140``; every format incl. mxfp4, mxfp8,
-nvfp4, torch.compile of the reference for int4/fp8_e4m3/mxfp4/nvfp4, and the fused RMSNorm+quantize rows at
-16K tokens x 4096 against HF's RMSNorm (eager and compiled) + the codec kernel.) Writes
-``$OUT/bench_codecs.md`` too.
+(issue 17, < 5 minutes: ``--sizes-mib 1024 --no-sweep --deadline-s 270``; every format incl. mxfp4, mxfp8,
+nvfp4, torch.compile of the reference at the same size (int4, int6, nf4, fp4_e2m1, fp8_e4m3, int8, mxfp4, nvfp4
+in that order, until the deadline), QuanGrad's kernels on a 2**25-element bucket (device time from a CUDA
+graph, and the time of one eager call with its host overhead), and the fused RMSNorm+quantize rows at 16K
+tokens x 4096 against HF's RMSNorm (eager and compiled) + the codec kernel.) Writes ``$OUT/bench_codecs.md``
+too.
 
 prints a table and writes ``$OUT/bench_codecs.json`` (or ``--json PATH``). ``--tiny`` runs the same code
 paths on tiny tensors through Triton's interpreter on CPU (timings meaningless; a smoke test).
@@ -44,12 +46,16 @@ def _parse(argv):
                     help="CPU smoke test through Triton's interpreter")
     ap.add_argument("--sizes-mib", type=int, nargs="*", help=f"bf16 tensor sizes in MiB (default {SIZES_MIB})")
     ap.add_argument("--formats", nargs="*", help="formats (default: all)")
-    ap.add_argument("--compile-formats", nargs="*", default=["int4", "fp8_e4m3", "mxfp4", "nvfp4"],
-                    help="formats whose reference is also timed under torch.compile (default int4 fp8_e4m3 mxfp4 "
-                         "nvfp4)")
+    ap.add_argument("--compile-formats", nargs="*",
+                    default=["int4", "int6", "nf4", "fp4_e2m1", "fp8_e4m3", "int8", "mxfp4", "nvfp4"],
+                    help="formats whose reference is also timed under torch.compile, in this order until the deadline "
+                         "(default int4 int6 nf4 fp4_e2m1 fp8_e4m3 int8 mxfp4 nvfp4)")
     ap.add_argument("--norm-tokens", type=int, default=16384,
                     help="tokens of the fused RMSNorm+quantize rows (hidden 4096, LLaMA-2-7B); 0 skips them")
-    ap.add_argument("--compile-size-mib", type=int, default=256)
+    ap.add_argument("--compile-size-mib", type=int, default=None,
+                    help="size of the torch.compile rows (default: the largest --sizes-mib, so they sit in the table)")
+    ap.add_argument("--bucket-log2", type=int, default=25,
+                    help="QuanGrad bucket of 2**N elements (0 skips the section; --tiny uses 2**14)")
     ap.add_argument("--no-sweep", action="store_true", help="skip the launch-geometry sweep")
     ap.add_argument("--deadline-s", type=float, default=330.0,
                     help="stop starting new measurements after this many seconds (rows left are marked)")
@@ -204,9 +210,83 @@ def main(argv=None) -> dict:
 
             guarded(f"accumulate/reduce {fmt} {mib} MiB", ar)
 
+    # ---- QuanGrad's kernels on one bucket (2**25 elements: the size QuanGrad's buckets have) -------------
+    # Device time from a CUDA graph of the launcher call (what the kernel costs in a captured or well-queued
+    # step), and the time of one eager call between two events (what a Python caller waiting on it sees: host
+    # launch overhead included). Bits checked against the reference on the same GPU.
+    bucket: list[dict] = []
+    if args.bucket_log2:
+        nbk = 1 << (14 if args.tiny else args.bucket_log2)
+
+        def graph_time(fn) -> float:
+            if args.tiny:
+                return bench(fn)
+            return triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median")
+
+        def call_time(fn, reps=30) -> float:
+            if args.tiny:
+                return bench(fn)
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize()
+            ts = []
+            for _ in range(reps):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                fn()
+                b.record()
+                b.synchronize()
+                ts.append(a.elapsed_time(b))
+            return sorted(ts)[len(ts) // 2]
+
+        for fmt in [f for f in GRAD_FORMATS if f in fmts]:
+            if over_deadline():
+                skipped.append(f"bucket {fmt}")
+                continue
+
+            def bk(fmt=fmt):
+                spec = get_format(fmt)
+                n = nbk
+                cb, nb = spec.code_bytes(n), spec.num_blocks(n)
+                g = randn(n) * 1e-3
+                codes = torch.empty(cb, dtype=torch.uint8, device=dev)
+                scales = torch.empty(nb, dtype=torch.float32, device=dev)
+
+                def row(op, fn, nbytes, exact, **extra):
+                    tg, tc = graph_time(fn), call_time(fn)
+                    gbs = nbytes / (tg * 1e-3) / 1e9
+                    bucket.append({"op": op, "fmt": fmt, "numel": n, "bytes": nbytes, "graph_us": tg * 1e3,
+                                   "graph_gb_s": gbs, "graph_pct_copy": 100 * gbs / copy_gbs, "call_us": tc * 1e3,
+                                   "call_pct_copy": 100 * nbytes / (tc * 1e-3) / 1e9 / copy_gbs, "exact": exact,
+                                   **extra})
+
+                launch.quantize(g, spec, codes, scales)
+                rc, rs = ref.quantize_blocks(g, spec)
+                row("quantize", lambda: launch.quantize(g, spec, codes, scales), 2 * n + cb + 4 * nb,
+                    same(codes, rc) and same(scales, rs))
+                c0, s0 = rc.clone(), rs.clone()
+                ca, sa = c0.clone(), s0.clone()
+                launch.accumulate(ca, sa, spec, g)
+                wc, ws = ref.accumulate(c0, s0, spec, n, g)
+                exact = same(ca, wc) and same(sa, ws)
+                row("accumulate", lambda: launch.accumulate(ca, sa, spec, g), 2 * (cb + 4 * nb) + 2 * n, exact)
+                for w in (4, 8):
+                    nc = n // w // spec.block * spec.block
+                    ccb, cnb = spec.code_bytes(nc), spec.num_blocks(nc)
+                    cin = c0[: w * ccb].view(w, ccb)
+                    sin = s0[: w * cnb].view(w, cnb)
+                    cout = torch.empty(ccb, dtype=torch.uint8, device=dev)
+                    sout = torch.empty(cnb, dtype=torch.float32, device=dev)
+                    launch.reduce_requantize(cin, sin, spec, nc, cout, sout)
+                    wc, ws = ref.reduce_requantize(cin, sin, spec, nc)
+                    row(f"reduce_requantize W={w}", lambda: launch.reduce_requantize(cin, sin, spec, nc, cout, sout),
+                        (w + 1) * (ccb + 4 * cnb), same(cout, wc) and same(sout, ws), world=w)
+
+            guarded(f"bucket {fmt}", bk)
+
     # ---- torch.compile of the reference (one size, a few formats; compiling is slow) ----------------------
     compile_info: list[dict] = []
-    cmib = args.compile_size_mib if not args.tiny else sizes[0]
+    cmib = (args.compile_size_mib or max(sizes)) if not args.tiny else sizes[0]
     for fmt in args.compile_formats or []:
         if fmt not in fmts:
             continue
@@ -339,6 +419,10 @@ def main(argv=None) -> dict:
               f"{r['pct_copy']:>7.1f}%{fmt_opt(r['eager_us'], '11.1f'):>11}"
               f"{fmt_opt(r['speedup_vs_eager'], '8.1f'):>8}x{fmt_opt(r['compile_us'], '12.1f'):>12}"
               f"{fmt_opt(r['speedup_vs_compile'], '9.2f'):>9}x  {'yes' if r['exact'] else 'NO'}")
+    for b in bucket:
+        print(f"bucket 2^{b['numel'].bit_length() - 1} {b['op']:<22}{b['fmt']:<10} graph {b['graph_us']:8.1f} us "
+              f"({b['graph_pct_copy']:5.1f}% copy)  one call {b['call_us']:8.1f} us ({b['call_pct_copy']:5.1f}% copy)  "
+              f"{'exact' if b['exact'] else 'NOT EXACT'}")
     for c in compile_info:
         print(f"torch.compile {c['op']} {c['fmt']}: compiled in {c['compile_s']:.1f} s, "
               f"{c['compiled_us']:.1f} us, matches eager: {c['compiled_matches_eager']}")
@@ -360,8 +444,9 @@ def main(argv=None) -> dict:
 
     env = harness.environment(dev)
     result = {"env": env, "copy": {"size_mib": max(sizes), "us": t_copy * 1e3, "gb_s": copy_gbs}, "rows": rows,
-              "compile": compile_info, "sweep": sweep, "fused_rmsnorm": fused, "skipped": skipped,
-              "errors": errors, "all_exact": bool(rows) and all(r["exact"] for r in rows) and not errors,
+              "compile": compile_info, "bucket": bucket, "sweep": sweep, "fused_rmsnorm": fused, "skipped": skipped,
+              "errors": errors,
+              "all_exact": bool(rows) and all(r["exact"] for r in rows + bucket) and not errors,
               "seconds": time.time() - t_start}
     harness.write_json(result, args.json, "bench_codecs")
     if os.environ.get("OUT"):
@@ -382,6 +467,21 @@ def markdown(result: dict) -> str:
         xc = "-" if r["speedup_vs_compile"] is None else f"{r['speedup_vs_compile']:.2f}"
         out.append(f"| {r['op']} | {r['fmt']} | {r['size_mib']} | {r['gb_s']:.0f} | {r['pct_copy']:.1f} | {xe} | {xc} "
                    f"| {'yes' if r['exact'] else 'NO'} |")
+    if result.get("bucket"):
+        out += ["", "| QuanGrad bucket op | format | elements | graph us | % copy | one call us | % copy | exact |",
+                "|---|---|---|---|---|---|---|---|"]
+        for b in result["bucket"]:
+            out.append(f"| {b['op']} | {b['fmt']} | {b['numel']} | {b['graph_us']:.1f} | {b['graph_pct_copy']:.1f} | "
+                       f"{b['call_us']:.1f} | {b['call_pct_copy']:.1f} | {'yes' if b['exact'] else 'NO'} |")
+    if result.get("compile"):
+        out += ["", "| torch.compile of the reference | format | MiB | compile s | compiled us | = eager output |",
+                "|---|---|---|---|---|---|"]
+        for c in result["compile"]:
+            out.append(f"| {c['op']} | {c['fmt']} | {c['size_mib']} | {c['compile_s']:.1f} | {c['compiled_us']:.1f} | "
+                       f"{c['compiled_matches_eager']} |")
+    if result.get("skipped") or result.get("errors"):
+        out += [""] + [f"* not run (deadline): {x}" for x in result.get("skipped", [])] + \
+               [f"* ERROR: {x}" for x in result.get("errors", [])]
     if result.get("fused_rmsnorm"):
         out += ["", "| fused RMSNorm+quantize | tokens x hidden | us | % copy | x eager pair | x compiled pair | "
                 "codes exact | y within 1 bf16 rounding |", "|---|---|---|---|---|---|---|---|"]
