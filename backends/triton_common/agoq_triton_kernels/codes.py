@@ -346,11 +346,17 @@ def decode(c, lut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, NF4_LUT: tl.const
     if KIND == 0:
         return (c - (1 << (BITS - 1))).to(tl.float32)
     elif KIND == 1:
-        idx = c & 7
-        e = idx >> 1
-        m = idx & 1
-        mag = tl.where(e == 0, m * 0x3F000000, ((e + 126) << 23) | (m << 22))  # 0, 0.5, 1, 1.5, ..., 6
-        return (mag | ((c & 8) << 28)).to(tl.float32, bitcast=True)
+        if HW:  # E2M1 is a mini-float with gradual underflow laid out like fp32's bottom: the bits (c & 7) << 22
+            # are the value * 2**-126 (a subnormal below 1, then exponent e + 1 and the mantissa bit), and the
+            # multiply by 2**126 is exact. Needs fp32 subnormals kept (a plain multiply on CUDA; the
+            # interpreter too), so not for Ascend. (The mirror-image encoder would round twice below 1.)
+            return (((c & 7) << 22) | ((c & 8) << 28)).to(tl.float32, bitcast=True) * 8.507059173023462e37
+        else:
+            idx = c & 7
+            e = idx >> 1
+            m = idx & 1
+            mag = tl.where(e == 0, m * 0x3F000000, ((e + 126) << 23) | (m << 22))  # 0, 0.5, 1, 1.5, ..., 6
+            return (mag | ((c & 8) << 28)).to(tl.float32, bitcast=True)
     elif KIND == 2:
         if NF4_LUT:
             return tl.load(lut_ptr + c)  # 16 fp32 levels, L1-resident
