@@ -271,7 +271,7 @@ def bucket_encode(v, elut_ptr, PER_UNIT: tl.constexpr, OFFSET: tl.constexpr, NB:
 
 @triton.jit
 def encode(v, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr, HW: tl.constexpr = False,
-           CLAMP: tl.constexpr = True):
+           CLAMP: tl.constexpr = True, NO_NEG0: tl.constexpr = True):
     """Finite scaled fp32 values -> integer codes (int32) of the format's code kind.
 
     HW=True (CUDA, sm_89+) encodes FP8 with the hardware cvt.rn.satfinite (RNE; exact here because v
@@ -282,6 +282,9 @@ def encode(v, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr, HW: tl
     then |v| <= qmax (1 + 2**-22), which every code rounds back to +-qmax (int: below qmax + 1/2; FP4,
     FP8: far below the next binade), so the clamp cannot change a code there (the kernels of this
     package; one instruction per element saved).
+
+    NO_NEG0=False leaves FP8's -0 code (0x80) in place: for callers that clear it on packed words
+    (kernels._store_codes16, four codes per three integer ops).
     """
     if KIND == 0:  # symmetric int, offset binary; RNE via the magic add
         if CLAMP:
@@ -300,7 +303,9 @@ def encode(v, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr, HW: tl
             c = vc.to(tl.float8e4nv).to(tl.int8, bitcast=True).to(tl.int32) & 0xFF
         else:
             c = f32_to_e4m3_bits(vc)
-        return tl.where(c == 0x80, 0, c)  # no -0 code (§4.2): a magnitude that rounds to 0 is +0
+        if NO_NEG0:
+            c = tl.where(c == 0x80, 0, c)  # no -0 code (§4.2): a magnitude that rounds to 0 is +0
+        return c
     else:
         vc = v
         if CLAMP:
@@ -309,7 +314,9 @@ def encode(v, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr, HW: tl
             c = vc.to(tl.float8e5).to(tl.int8, bitcast=True).to(tl.int32) & 0xFF
         else:
             c = f32_to_e5m2_bits(vc)
-        return tl.where(c == 0x80, 0, c)  # no -0 code (§4.2)
+        if NO_NEG0:
+            c = tl.where(c == 0x80, 0, c)  # no -0 code (§4.2)
+        return c
 
 
 @triton.jit

@@ -129,7 +129,7 @@ def _scaled_quotient(xf, scale, FAST_DIV: tl.constexpr):
 
 @triton.jit
 def _encode_tile(v, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr, HW: tl.constexpr,
-                 LUT: tl.constexpr):
+                 LUT: tl.constexpr, NO_NEG0: tl.constexpr = True):
     """encode() without the clamp (see its CLAMP note); NF4 from the bucket table when LUT: one gather
     instead of a 15-threshold search (sm_90 SASS: 45 instead of 66 instructions per element). Ascend,
     where gathers are slow, passes LUT=False. FP4 stays on bit logic: its bucket table measured slower."""
@@ -137,9 +137,9 @@ def _encode_tile(v, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.c
         if KIND == 2:
             return bucket_encode(v, elut_ptr, 16.0, 16, 33, HW)
         else:
-            return encode(v, KIND, BITS, QMAX, HW, False)
+            return encode(v, KIND, BITS, QMAX, HW, False, NO_NEG0)
     else:
-        return encode(v, KIND, BITS, QMAX, HW, False)
+        return encode(v, KIND, BITS, QMAX, HW, False, NO_NEG0)
 
 
 @triton.jit
@@ -179,7 +179,8 @@ def _exact_scaled_values(xf, scale):
 
 @triton.jit
 def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr, HW: tl.constexpr,
-                  LUT: tl.constexpr, FAST_DIV: tl.constexpr, SCALE: tl.constexpr = 0, ts_ptr=None):
+                  LUT: tl.constexpr, FAST_DIV: tl.constexpr, SCALE: tl.constexpr = 0, ts_ptr=None,
+                  RAW: tl.constexpr = False):
     """x: fp32 [ROWS, BLOCK_P] (masked lanes hold 0) -> (codes int32 [ROWS, BLOCK_P], scales fp32 [ROWS]).
 
     The one block quantizer of the Triton backends: the codec kernels (FAST_DIV = HW) and agoq-cuda's
@@ -201,9 +202,11 @@ def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.
     unlike max, propagates NaN on every device), and both divisions are the exact, division-free ones
     above (correct whatever the device's division and multiply-add contraction do).
     SCALE != 0: the microscaling formats' scales (agoq_triton_kernels.mx; ts_ptr: NVFP4's tensor scale).
+    RAW: the codes of a zero-scale or non-finite block are left as computed, and FP8's -0 code too: the caller
+    fixes both on packed words, a row being all-zero codes iff not (scale > 0) (kernels._store_codes16).
     """
     if SCALE != 0:
-        return mx_quantize_tile(x, ts_ptr, KIND, BITS, QMAX, HW, SCALE)
+        return mx_quantize_tile(x, ts_ptr, KIND, BITS, QMAX, HW, SCALE, RAW)
     if FAST_DIV:
         bits = x.to(tl.int32, bitcast=True)
         a = bits & _ABS_MASK
@@ -222,8 +225,9 @@ def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.
         amax = tl.where(bad | (amax < _MIN_NORMAL_F32), 0.0, amax)
         scale = finite_scale(_exact_scale(amax, QMAX), QMAX)  # qmax x scale stays finite (§3 step 5)
         v = _exact_scaled_values(xf, tl.where(scale == 0.0, 1.0, scale))
-    codes = _encode_tile(v, elut_ptr, KIND, BITS, QMAX, HW, LUT)
-    codes = tl.where((bad | (scale == 0.0))[:, None], zero_code(KIND, BITS), codes)
+    codes = _encode_tile(v, elut_ptr, KIND, BITS, QMAX, HW, LUT, not RAW)
+    if not RAW:
+        codes = tl.where((bad | (scale == 0.0))[:, None], zero_code(KIND, BITS), codes)
     scale = tl.where(bad, _QNAN, scale.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
     return codes, scale
 
@@ -396,39 +400,70 @@ def _groups4(c, BITS: tl.constexpr, ROWS: tl.constexpr, J: tl.constexpr):
 
 
 @triton.jit
-def _store_codes16(codes_ptr, ca, cb, rows, ok, off, ROWS: tl.constexpr, BITS: tl.constexpr,
-                   BLOCK: tl.constexpr):
-    """Codes of the two halves (ca: elements 16j + c, cb: 16j + 8 + c; int32 [BLOCK // 16, ROWS, 8]) -> the
-    byte stream of docs/formats.md §5 (little-endian), packed in registers."""
-    J: tl.constexpr = BLOCK // 16
-    if BITS == 8:
-        m = ok[None, :, None]
-        tl.store(codes_ptr + off, ca.to(tl.int8), mask=m)
-        tl.store(codes_ptr + off + 8, cb.to(tl.int8), mask=m)
-    elif BITS == 4:  # 16 codes -> 8 bytes -> 2 words
-        w = tl.join(_pack_in_thread(ca, 4, 8), _pack_in_thread(cb, 4, 8))  # [J, ROWS, 2]
-        k = rows[None, :, None] * (BLOCK // 8) + tl.arange(0, J)[:, None, None] * 2 + tl.arange(0, 2)[None, None, :]
-        tl.store(codes_ptr.to(tl.pointer_type(tl.int32)) + k, w, mask=ok[None, :, None])
+def _no_neg0(w):
+    """FP8 codes packed four to a word: -0 bytes (0x80) become +0. A byte keeps its sign bit iff its low 7 bits
+    are not all zero: (b & 0x7F) + 0x7F carries into bit 7 iff so, and no byte carries into the next."""
+    return w & (((w & 0x7F7F7F7F) + 0x7F7F7F7F) | 0x7F7F7F7F)
+
+
+@triton.jit
+def _pack16(ca, cb, ROWS: tl.constexpr, BITS: tl.constexpr, J: tl.constexpr):
+    """The words of the 16-code groups (ca: codes 0-7, cb: codes 8-15 of each group; [J, ROWS, 8]) in the byte
+    order of docs/formats.md §5: 8-bit [J, ROWS, 2, 2] (half, word), 4-bit [J, ROWS, 2]; 6-bit three [J, ROWS]
+    words; 5-bit two [J, ROWS] words and the last halfword (as int32)."""
+    if BITS == 8:  # 16 codes -> 4 words
+        wa = tl.reshape(_pack_in_thread(tl.reshape(ca, (J, ROWS * 2, 4)), 8, 4), (J, ROWS, 2))
+        wb = tl.reshape(_pack_in_thread(tl.reshape(cb, (J, ROWS * 2, 4)), 8, 4), (J, ROWS, 2))
+        return tl.permute(tl.join(wa, wb), (0, 1, 3, 2)), wa, wb
+    elif BITS == 4:  # 16 codes -> 2 words
+        return tl.join(_pack_in_thread(ca, 4, 8), _pack_in_thread(cb, 4, 8)), ca, cb
     elif BITS == 6:  # 16 codes -> 96 bits -> 3 words; g* = 4 codes (24 bits)
         g0, g1 = _groups4(ca, 6, ROWS, J)
         g2, g3 = _groups4(cb, 6, ROWS, J)
-        wp = codes_ptr.to(tl.pointer_type(tl.int32)) + rows[None, :] * (J * 3) + 3 * tl.arange(0, J)[:, None]
-        m = ok[None, :]
-        tl.store(wp, g0 | (g1 << 24), mask=m)
-        tl.store(wp + 1, (g1 >> 8) | (g2 << 16), mask=m)
-        tl.store(wp + 2, (g2 >> 16) | (g3 << 8), mask=m)
-    else:  # 5-bit: 16 codes -> 80 bits -> 5 halfwords (a group starts 2-byte aligned); g* = 4 codes (20 bits)
+        return g0 | (g1 << 24), (g1 >> 8) | (g2 << 16), (g2 >> 16) | (g3 << 8)
+    else:  # 16 codes -> 80 bits -> 2 words + 1 halfword; g* = 4 codes (20 bits)
         g0, g1 = _groups4(ca, 5, ROWS, J)
         g2, g3 = _groups4(cb, 5, ROWS, J)
-        w0 = g0 | (g1 << 20)
-        w1 = (g1 >> 12) | (g2 << 8) | (g3 << 28)
+        return g0 | (g1 << 20), (g1 >> 12) | (g2 << 8) | (g3 << 28), g3 >> 4
+
+
+@triton.jit
+def _store_codes16(codes_ptr, ca, cb, rows, ok, zrow, ROWS: tl.constexpr, KIND: tl.constexpr, BITS: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    """Codes of the two halves (ca: elements 16j + c, cb: 16j + 8 + c; int32 [BLOCK // 16, ROWS, 8]) of a RAW
+    quantize_tile -> the byte stream of docs/formats.md §5 (little-endian), packed in registers; rows with
+    zrow get the zero code and FP8's -0 becomes +0, both on the packed words (one select and three integer ops
+    per word instead of two selects and a compare per code)."""
+    J: tl.constexpr = BLOCK // 16
+    zc = tl.full((J, ROWS, 8), zero_code(KIND, BITS), tl.int32)  # the zero words: constants after folding
+    w0, w1, w2 = _pack16(ca, cb, ROWS, BITS, J)
+    z0, z1, z2 = _pack16(zc, zc, ROWS, BITS, J)
+    if BITS == 8:  # one 16-byte store per thread
+        w = tl.where(zrow[None, :, None, None], z0, _no_neg0(w0) if KIND >= 3 else w0)
+        k = (rows[None, :, None, None] * (BLOCK // 4) + tl.arange(0, J)[:, None, None, None] * 4
+             + tl.arange(0, 2)[None, None, :, None] * 2 + tl.arange(0, 2)[None, None, None, :])
+        tl.store(codes_ptr.to(tl.pointer_type(tl.int32)) + k, w, mask=ok[None, :, None, None])
+    elif BITS == 4:
+        w = tl.where(zrow[None, :, None], z0, w0)
+        k = rows[None, :, None] * (BLOCK // 8) + tl.arange(0, J)[:, None, None] * 2 + tl.arange(0, 2)[None, None, :]
+        tl.store(codes_ptr.to(tl.pointer_type(tl.int32)) + k, w, mask=ok[None, :, None])
+    elif BITS == 6:
+        zr = zrow[None, :]
+        wp = codes_ptr.to(tl.pointer_type(tl.int32)) + rows[None, :] * (J * 3) + 3 * tl.arange(0, J)[:, None]
+        tl.store(wp, tl.where(zr, z0, w0), mask=ok[None, :])
+        tl.store(wp + 1, tl.where(zr, z1, w1), mask=ok[None, :])
+        tl.store(wp + 2, tl.where(zr, z2, w2), mask=ok[None, :])
+    else:  # 5-bit: a group starts 2-byte aligned: five halfwords
+        zr = zrow[None, :]
+        w0 = tl.where(zr, z0, w0)
+        w1 = tl.where(zr, z1, w1)
         hp = codes_ptr.to(tl.pointer_type(tl.int16)) + rows[None, :] * (J * 5) + 5 * tl.arange(0, J)[:, None]
         m = ok[None, :]
         tl.store(hp, w0.to(tl.int16), mask=m)
         tl.store(hp + 1, (w0 >> 16).to(tl.int16), mask=m)
         tl.store(hp + 2, w1.to(tl.int16), mask=m)
         tl.store(hp + 3, (w1 >> 16).to(tl.int16), mask=m)
-        tl.store(hp + 4, (g3 >> 4).to(tl.int16), mask=m)
+        tl.store(hp + 4, tl.where(zr, z2, w2).to(tl.int16), mask=m)
 
 
 # ---- kernels --------------------------------------------------------------------------------------------
@@ -454,9 +489,9 @@ def quantize_kernel(x_ptr, codes_ptr, scales_ptr, n, n_blocks, n_tiles,
             xa = _load_f32(x_ptr, off, m, X_FLOAT)
             xb = _load_f32(x_ptr, off + 8, m, X_FLOAT)
             codes, scale = quantize_tile(_rows_of16(xa, xb, ROWS, BLOCK), elut_ptr, KIND, BITS, QMAX, HW,
-                                         NF4_LUT and elut_ptr is not None, HW, SCALE, ts_ptr)
+                                         NF4_LUT and elut_ptr is not None, HW, SCALE, ts_ptr, True)
             ca, cb = _halves_of16(codes, ROWS, BLOCK)
-            _store_codes16(codes_ptr, ca, cb, rows, ok, off, ROWS, BITS, BLOCK)
+            _store_codes16(codes_ptr, ca, cb, rows, ok, ~(scale > 0.0), ROWS, KIND, BITS, BLOCK)
         else:
             rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
             x = _load_f32(x_ptr, elem, emask, X_FLOAT)

@@ -24,14 +24,14 @@ SCALE_IDS = {"absmax": 0, "e8m0": 1, "e4m3_tensor": 2}
 
 @triton.jit
 def mx_quantize_tile(x, ts_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr, HW: tl.constexpr,
-                     SCALE: tl.constexpr):
+                     SCALE: tl.constexpr, RAW: tl.constexpr = False):
     """x: fp32 [ROWS, BLOCK_P] (masked lanes hold 0) -> (codes int32 [ROWS, BLOCK_P], effective scales [ROWS]).
 
     SCALE=1 (MX): e = max(exp(absmax) - emax_elem, -126), scale 2**e, v = x * 2**-e (exact).
     SCALE=2 (NVFP4): ts_ptr -> [S, RN(1/S)] (the launcher computes both with torch, as the reference);
     s_b = e4m3(clamp(RN(RN(absmax / 6) / S), 2**-9, 448)), v = RN(x * RN(RN(1/S) / s_b)), scale RN(S * s_b);
     S == 0 flushes the tensor. Then saturate to +-QMAX, encode (ties to even), no -0 code; a block holding
-    NaN/Inf gets scale NaN and zero codes.
+    NaN/Inf gets scale NaN and zero codes (RAW: both left to the caller, see quantize_tile).
     """
     bits = x.to(tl.int32, bitcast=True)
     a = bits & _ABS_MASK
@@ -59,9 +59,8 @@ def mx_quantize_tile(x, ts_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl
         scale = tl.where(flush, 0.0, s * sb)
     v = xf * inv[:, None]
     v = tl.minimum(tl.maximum(v, -QMAX), QMAX)
-    codes = encode(v, KIND, BITS, QMAX, HW, False)
-    if BITS == 8:
-        codes = tl.where((codes & 0x7F) == 0, 0, codes)  # canonical +0: no -0 code
-    codes = tl.where(bad[:, None], 0, codes)
+    codes = encode(v, KIND, BITS, QMAX, HW, False, not RAW)  # (encode clears FP8's -0 code unless RAW)
+    if not RAW:  # RAW: the caller clears -0 and zeroes non-finite blocks on packed words (kernels._store_codes16)
+        codes = tl.where(bad[:, None], 0, codes)
     scale = tl.where(bad, _QNAN, scale.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
     return codes, scale
