@@ -70,7 +70,7 @@ def compile_codec(op: str, fmt: str, arch: int = 90) -> dict:
           "reduce_requantize": K.reduce_requantize_kernel}[op]
     sig = _signature(op, spec, lut)
     c.update(X_FLOAT=FLOAT_BF16, OUT_FLOAT=FLOAT_BF16, G_FLOAT=FLOAT_BF16)
-    if op == "quantize":  # what the launcher passes for an aligned code buffer of whole blocks
+    if op in ("quantize", "dequantize"):  # what the launcher passes for an aligned code buffer of whole blocks
         from agoq_triton_kernels.launch import _vec16
 
         class _Aligned:

@@ -86,7 +86,7 @@ class CudaGeometry:
              rows: int | None, programs: int | None) -> Launch:
         block_p = next_pow2(spec.block)
         nb = spec.num_blocks(numel)
-        vec16 = op == "quantize" and block_p == spec.block >= 16  # the 16-lane tile packs in registers
+        vec16 = op in ("quantize", "dequantize") and block_p == spec.block >= 16  # codes packed in registers
         lanes = _GPU_TILE_LANES_5BIT_QUANTIZE if op == "quantize" and spec.bits == 5 and not vec16 else _GPU_TILE_LANES
         geo = geometry(block_p, nb, device, rows=rows, programs=programs, lanes=lanes)
         return Launch(grid=geo.programs, rows=geo.rows, block_p=block_p, n_tiles=-(-nb // geo.rows),

@@ -466,6 +466,54 @@ def _store_codes16(codes_ptr, ca, cb, rows, ok, zrow, ROWS: tl.constexpr, KIND: 
         tl.store(hp + 4, tl.where(zr, z2, w2).to(tl.int16), mask=m)
 
 
+@triton.jit
+def _unpack(w, BITS: tl.constexpr, N: tl.constexpr):
+    """[A, B] int32 holding N codes BITS apart (code i at bits BITS * i) -> [A, B, N] codes."""
+    return (w[:, :, None] >> (tl.arange(0, N) * BITS)[None, None, :]) & ((1 << BITS) - 1)
+
+
+@triton.jit
+def _load_codes16(codes_ptr, rows, ok, off, ROWS: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr):
+    """Inverse of _store_codes16: the codes of the two halves [BLOCK // 16, ROWS, 8] of every 16-element group,
+    read as words (8-bit: four, 4-bit: two, 6-bit: three) or halfwords (5-bit: five) and unpacked in
+    registers. Invalid rows read 0."""
+    J: tl.constexpr = BLOCK // 16
+    jj = tl.arange(0, J)[:, None]
+    m = ok[None, :]
+    if BITS == 8:
+        ca = _load_byte(codes_ptr + off, ok[None, :, None])
+        cb = _load_byte(codes_ptr + off + 8, ok[None, :, None])
+    elif BITS == 4:
+        wp = codes_ptr.to(tl.pointer_type(tl.int32)) + rows[None, :] * (J * 2) + 2 * jj
+        ca = _unpack(tl.load(wp, mask=m, other=0), 4, 8)
+        cb = _unpack(tl.load(wp + 1, mask=m, other=0), 4, 8)
+    elif BITS == 6:
+        wp = codes_ptr.to(tl.pointer_type(tl.int32)) + rows[None, :] * (J * 3) + 3 * jj
+        w0 = tl.load(wp, mask=m, other=0)
+        w1 = tl.load(wp + 1, mask=m, other=0)
+        w2 = tl.load(wp + 2, mask=m, other=0)
+        g0 = w0 & 0xFFFFFF
+        g1 = ((w0 >> 24) & 0xFF) | ((w1 & 0xFFFF) << 8)
+        g2 = ((w1 >> 16) & 0xFFFF) | ((w2 & 0xFF) << 16)
+        g3 = (w2 >> 8) & 0xFFFFFF
+        ca = tl.reshape(tl.permute(tl.join(_unpack(g0, 6, 4), _unpack(g1, 6, 4)), (0, 1, 3, 2)), (J, ROWS, 8))
+        cb = tl.reshape(tl.permute(tl.join(_unpack(g2, 6, 4), _unpack(g3, 6, 4)), (0, 1, 3, 2)), (J, ROWS, 8))
+    else:
+        hp = codes_ptr.to(tl.pointer_type(tl.int16)) + rows[None, :] * (J * 5) + 5 * jj
+        h0 = tl.load(hp, mask=m, other=0).to(tl.int32) & 0xFFFF
+        h1 = tl.load(hp + 1, mask=m, other=0).to(tl.int32) & 0xFFFF
+        h2 = tl.load(hp + 2, mask=m, other=0).to(tl.int32) & 0xFFFF
+        h3 = tl.load(hp + 3, mask=m, other=0).to(tl.int32) & 0xFFFF
+        h4 = tl.load(hp + 4, mask=m, other=0).to(tl.int32) & 0xFFFF
+        g0 = h0 | ((h1 & 0xF) << 16)
+        g1 = (h1 >> 4) | ((h2 & 0xFF) << 12)
+        g2 = (h2 >> 8) | ((h3 & 0xFFF) << 8)
+        g3 = (h3 >> 12) | (h4 << 4)
+        ca = tl.reshape(tl.permute(tl.join(_unpack(g0, 5, 4), _unpack(g1, 5, 4)), (0, 1, 3, 2)), (J, ROWS, 8))
+        cb = tl.reshape(tl.permute(tl.join(_unpack(g2, 5, 4), _unpack(g3, 5, 4)), (0, 1, 3, 2)), (J, ROWS, 8))
+    return ca, cb
+
+
 # ---- kernels --------------------------------------------------------------------------------------------
 # Sizes are not specialized: one compiled kernel per format/dtype/geometry serves every tensor size
 # (Triton would otherwise compile again for n % 16 == 0 vs not, n == 1, ...). Vectorization does not
@@ -506,14 +554,25 @@ def quantize_kernel(x_ptr, codes_ptr, scales_ptr, n, n_blocks, n_tiles,
 def dequantize_kernel(codes_ptr, scales_ptr, lut_ptr, out_ptr, n, n_blocks, n_tiles,
                       KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
                       QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, OUT_FLOAT: tl.constexpr,
-                      NF4_LUT: tl.constexpr, HW: tl.constexpr, SCALE: tl.constexpr = 0):
-    """codes + scales -> out (fp32/fp16, or bf16 as int16): fp32 decode * scale, one RNE cast."""
+                      NF4_LUT: tl.constexpr, HW: tl.constexpr, SCALE: tl.constexpr = 0,
+                      VEC16: tl.constexpr = False):
+    """codes + scales -> out (fp32/fp16, or bf16 as int16): fp32 decode * scale, one RNE cast.
+
+    VEC16 (agoq-cuda, whole power-of-two blocks >= 16): codes read as words and unpacked in registers, a thread
+    writing 16 consecutive outputs of a row (kernels._load_codes16); else the generic tile."""
     t = tl.program_id(0)
     while t < n_tiles:
-        rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
-        y = dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, ok, elem, emask, n,
-                            ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW)
-        _store_f32(out_ptr, elem, y, emask, OUT_FLOAT, HW)
+        if VEC16:
+            rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
+            ca, cb = _load_codes16(codes_ptr, rows, ok, off, ROWS, BITS, BLOCK)
+            s = tl.load(scales_ptr + rows, mask=ok, other=0.0)[None, :, None]
+            _store_f32(out_ptr, off, decode(ca, lut_ptr, KIND, BITS, NF4_LUT, HW) * s, m, OUT_FLOAT, HW)
+            _store_f32(out_ptr, off + 8, decode(cb, lut_ptr, KIND, BITS, NF4_LUT, HW) * s, m, OUT_FLOAT, HW)
+        else:
+            rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
+            y = dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, ok, elem, emask, n,
+                                ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW)
+            _store_f32(out_ptr, elem, y, emask, OUT_FLOAT, HW)
         t += tl.num_programs(0)
 
 

@@ -81,8 +81,8 @@ class Launch:
     plan: Any = None
     """The geometry's own record of the decision (tests and benchmarks read it from ``last_plans``)."""
     vec16: bool = False
-    """quantize: use the 16-lane tile (kernels.VEC16: a thread owns 16 consecutive elements and packs its codes
-    in registers) where the launch allows it (whole power-of-two blocks >= 16, aligned code buffer)."""
+    """quantize, dequantize: use the 16-lane tile (kernels.VEC16: a thread owns 16 consecutive elements and
+    packs/unpacks its codes in registers) where the launch allows it (whole power-of-two blocks >= 16, aligned code buffer)."""
 
 
 class LaunchGeometry(Protocol):
@@ -272,9 +272,11 @@ class Launcher:
         for off, m, boff, soff, ragged in segments(spec, n):
             replan = functools.partial(g.plan, "dequantize", spec, m, out.dtype, dev, programs=programs)
             nb = spec.num_blocks(m)
+            cpiece = cv[boff:boff + spec.code_bytes(m)]
             self._run(K.dequantize_kernel, self._first(replan, rows),
-                      lambda la: (cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], lut, ov[off:off + m], m,
-                                  nb, la.n_tiles), lambda la: {**self._consts(f, la, ragged), "OUT_FLOAT": ok}, replan)
+                      lambda la: (cpiece, scales[soff:soff + nb], lut, ov[off:off + m], m, nb, la.n_tiles),
+                      lambda la: {**self._consts(f, la, ragged), "OUT_FLOAT": ok, **_vec16(la, spec, ragged, cpiece)},
+                      replan)
 
     def accumulate(self, codes: torch.Tensor, scales: torch.Tensor, spec, g: torch.Tensor, *,
                    rows: int | None = None, programs: int | None = None, hw: bool | None = None) -> None:
