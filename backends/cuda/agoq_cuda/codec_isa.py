@@ -70,15 +70,14 @@ def compile_codec(op: str, fmt: str, arch: int = 90) -> dict:
           "reduce_requantize": K.reduce_requantize_kernel}[op]
     sig = _signature(op, spec, lut)
     c.update(X_FLOAT=FLOAT_BF16, OUT_FLOAT=FLOAT_BF16, G_FLOAT=FLOAT_BF16)
-    if op in ("quantize", "dequantize"):  # what the launcher passes for an aligned code buffer of whole blocks
-        from agoq_triton_kernels.launch import _vec16
+    from agoq_triton_kernels.launch import _vec16
 
-        class _Aligned:
-            @staticmethod
-            def data_ptr():
-                return 0
+    class _Aligned:  # what the launcher passes for aligned code buffers of whole blocks
+        @staticmethod
+        def data_ptr():
+            return 0
 
-        c.update(_vec16(la, spec, False, _Aligned))
+    c.update(_vec16(la, spec, False, _Aligned, stride=0))
     for k in ("elut_ptr", "ts_ptr"):
         if sig.get(k) == "constexpr":
             c[k] = None

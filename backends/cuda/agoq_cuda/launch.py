@@ -86,7 +86,9 @@ class CudaGeometry:
              rows: int | None, programs: int | None) -> Launch:
         block_p = next_pow2(spec.block)
         nb = spec.num_blocks(numel)
-        vec16 = op in ("quantize", "dequantize") and block_p == spec.block >= 16  # codes packed in registers
+        # the 16-lane tile (codes packed and unpacked in registers); reduce_requantize only for 8-bit codes (sm_90
+        # SASS: 4/5/6-bit grew there, their unpacking is redone for every rank)
+        vec16 = block_p == spec.block >= 16 and (op != "reduce_requantize" or spec.bits == 8)
         lanes = _GPU_TILE_LANES_5BIT_QUANTIZE if op == "quantize" and spec.bits == 5 and not vec16 else _GPU_TILE_LANES
         geo = geometry(block_p, nb, device, rows=rows, programs=programs, lanes=lanes)
         return Launch(grid=geo.programs, rows=geo.rows, block_p=block_p, n_tiles=-(-nb // geo.rows),

@@ -514,6 +514,28 @@ def _load_codes16(codes_ptr, rows, ok, off, ROWS: tl.constexpr, BITS: tl.constex
     return ca, cb
 
 
+@triton.jit
+def _dequantize16(codes_ptr, scales_ptr, lut_ptr, rows, ok, off, ROWS: tl.constexpr, KIND: tl.constexpr,
+                  BITS: tl.constexpr, BLOCK: tl.constexpr, NF4_LUT: tl.constexpr, HW: tl.constexpr):
+    """The 16-lane tile's fp32 decode(code) * scale, as the two halves [BLOCK // 16, ROWS, 8] (invalid rows:
+    scale 0)."""
+    ca, cb = _load_codes16(codes_ptr, rows, ok, off, ROWS, BITS, BLOCK)
+    s = tl.load(scales_ptr + rows, mask=ok, other=0.0)[None, :, None]
+    return decode(ca, lut_ptr, KIND, BITS, NF4_LUT, HW) * s, decode(cb, lut_ptr, KIND, BITS, NF4_LUT, HW) * s
+
+
+@triton.jit
+def _requantize16(acca, accb, codes_ptr, scales_ptr, elut_ptr, rows, ok, ROWS: tl.constexpr, KIND: tl.constexpr,
+                  BITS: tl.constexpr, QMAX: tl.constexpr, BLOCK: tl.constexpr, NF4_LUT: tl.constexpr,
+                  HW: tl.constexpr, SCALE: tl.constexpr):
+    """Quantize the 16-lane tile's two halves and store codes and scales (QuanGrad's kernels)."""
+    codes, scale = quantize_tile(_rows_of16(acca, accb, ROWS, BLOCK), elut_ptr, KIND, BITS, QMAX, HW,
+                                 NF4_LUT and elut_ptr is not None, HW, SCALE, None, True)
+    ca, cb = _halves_of16(codes, ROWS, BLOCK)
+    _store_codes16(codes_ptr, ca, cb, rows, ok, ~(scale > 0.0), ROWS, KIND, BITS, BLOCK)
+    tl.store(scales_ptr + rows, scale, mask=ok)
+
+
 # ---- kernels --------------------------------------------------------------------------------------------
 # Sizes are not specialized: one compiled kernel per format/dtype/geometry serves every tensor size
 # (Triton would otherwise compile again for n % 16 == 0 vs not, n == 1, ...). Vectorization does not
@@ -580,23 +602,36 @@ def dequantize_kernel(codes_ptr, scales_ptr, lut_ptr, out_ptr, n, n_blocks, n_ti
 def accumulate_kernel(codes_ptr, scales_ptr, lut_ptr, g_ptr, n, n_blocks, n_tiles,
                       KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
                       QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, G_FLOAT: tl.constexpr,
-                      NF4_LUT: tl.constexpr, HW: tl.constexpr, elut_ptr=None, SCALE: tl.constexpr = 0):
+                      NF4_LUT: tl.constexpr, HW: tl.constexpr, elut_ptr=None, SCALE: tl.constexpr = 0,
+                      VEC16: tl.constexpr = False):
     """In place: (codes, scales) <- Q(D(codes, scales) + g), D in fp32 and one fp32 add.
 
     Each tile reads its own blocks before writing them, so in-place is race-free."""
     t = tl.program_id(0)
     while t < n_tiles:
-        rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
-        d = dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, ok, elem, emask, n,
-                            ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW)
-        if not HW:  # no multiply-add contraction of decode * scale + g (see _materialise)
-            d = _materialise(d, n_tiles >> 31)
-        g = _load_f32(g_ptr, elem, emask, G_FLOAT)
-        acc = tl.where(emask, d + g, 0.0)  # padding lanes are 0, whatever garbage the pad codes hold
-        codes, scale = quantize_tile(acc, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None, HW,
-                                     SCALE)
-        store_codes(codes_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
-        tl.store(scales_ptr + rows, scale, mask=ok)
+        if VEC16:  # whole blocks: no padding lanes
+            rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
+            da, db = _dequantize16(codes_ptr, scales_ptr, lut_ptr, rows, ok, off, ROWS, KIND, BITS, BLOCK,
+                                   NF4_LUT, HW)
+            if not HW:
+                da = _materialise(da, n_tiles >> 31)
+                db = _materialise(db, n_tiles >> 31)
+            acca = da + _load_f32(g_ptr, off, m, G_FLOAT)
+            accb = db + _load_f32(g_ptr, off + 8, m, G_FLOAT)
+            _requantize16(acca, accb, codes_ptr, scales_ptr, elut_ptr, rows, ok, ROWS, KIND, BITS, QMAX, BLOCK,
+                          NF4_LUT, HW, SCALE)
+        else:
+            rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
+            d = dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, ok, elem, emask, n,
+                                ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW)
+            if not HW:  # no multiply-add contraction of decode * scale + g (see _materialise)
+                d = _materialise(d, n_tiles >> 31)
+            g = _load_f32(g_ptr, elem, emask, G_FLOAT)
+            acc = tl.where(emask, d + g, 0.0)  # padding lanes are 0, whatever garbage the pad codes hold
+            codes, scale = quantize_tile(acc, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None,
+                                         HW, SCALE)
+            store_codes(codes_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
+            tl.store(scales_ptr + rows, scale, mask=ok)
         t += tl.num_programs(0)
 
 
@@ -606,32 +641,53 @@ def reduce_requantize_kernel(codes_ptr, scales_ptr, lut_ptr, codes_out_ptr, scal
                              n, n_blocks, n_tiles, world, codes_stride, scales_stride,
                              KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
                              QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, NF4_LUT: tl.constexpr,
-                             HW: tl.constexpr, elut_ptr=None, SCALE: tl.constexpr = 0):
+                             HW: tl.constexpr, elut_ptr=None, SCALE: tl.constexpr = 0, VEC16: tl.constexpr = False):
     """codes[world, codes_stride], scales[world, scales_stride] -> Q(((D0 + D1) + D2) + ...).
 
     The fp32 sum runs in rank order (a left fold), so every rank and every backend gets the same bits."""
     t = tl.program_id(0)
     while t < n_tiles:
-        rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
-        acc = dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, ok, elem, emask, n,
-                              ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW)
-        if not HW:
-            acc = _materialise(acc, n_tiles >> 31)
-        r = 1
-        while r < world:
-            r64 = tl.cast(r, tl.int64)  # r * codes_stride passes 2**31 for big chunks (W = 8, 2**28 elements)
-            d = dequantize_tile(codes_ptr + r64 * codes_stride, scales_ptr + r64 * scales_stride, lut_ptr,
-                                rows, ok, elem, emask, n, ROWS, KIND, BITS, BLOCK, BLOCK_P,
-                                NF4_LUT, RAGGED, HW)
+        if VEC16:
+            rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
+            acca, accb = _dequantize16(codes_ptr, scales_ptr, lut_ptr, rows, ok, off, ROWS, KIND, BITS, BLOCK,
+                                       NF4_LUT, HW)
             if not HW:
-                d = _materialise(d, n_tiles >> 31)
-            acc = acc + d
-            r += 1
-        acc = tl.where(emask, acc, 0.0)
-        codes, scale = quantize_tile(acc, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None, HW,
-                                     SCALE)
-        store_codes(codes_out_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
-        tl.store(scales_out_ptr + rows, scale, mask=ok)
+                acca = _materialise(acca, n_tiles >> 31)
+                accb = _materialise(accb, n_tiles >> 31)
+            r = 1
+            while r < world:
+                r64 = tl.cast(r, tl.int64)  # r * codes_stride passes 2**31 for big chunks (W = 8, 2**28 elements)
+                da, db = _dequantize16(codes_ptr + r64 * codes_stride, scales_ptr + r64 * scales_stride, lut_ptr,
+                                       rows, ok, off, ROWS, KIND, BITS, BLOCK, NF4_LUT, HW)
+                if not HW:
+                    da = _materialise(da, n_tiles >> 31)
+                    db = _materialise(db, n_tiles >> 31)
+                acca = acca + da
+                accb = accb + db
+                r += 1
+            _requantize16(acca, accb, codes_out_ptr, scales_out_ptr, elut_ptr, rows, ok, ROWS, KIND, BITS, QMAX,
+                          BLOCK, NF4_LUT, HW, SCALE)
+        else:
+            rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
+            acc = dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, ok, elem, emask, n,
+                                  ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW)
+            if not HW:
+                acc = _materialise(acc, n_tiles >> 31)
+            r = 1
+            while r < world:
+                r64 = tl.cast(r, tl.int64)  # r * codes_stride passes 2**31 for big chunks (W = 8, 2**28 elements)
+                d = dequantize_tile(codes_ptr + r64 * codes_stride, scales_ptr + r64 * scales_stride, lut_ptr,
+                                    rows, ok, elem, emask, n, ROWS, KIND, BITS, BLOCK, BLOCK_P,
+                                    NF4_LUT, RAGGED, HW)
+                if not HW:
+                    d = _materialise(d, n_tiles >> 31)
+                acc = acc + d
+                r += 1
+            acc = tl.where(emask, acc, 0.0)
+            codes, scale = quantize_tile(acc, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None,
+                                         HW, SCALE)
+            store_codes(codes_out_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
+            tl.store(scales_out_ptr + rows, scale, mask=ok)
         t += tl.num_programs(0)
 
 

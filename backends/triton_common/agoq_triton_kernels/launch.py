@@ -81,7 +81,7 @@ class Launch:
     plan: Any = None
     """The geometry's own record of the decision (tests and benchmarks read it from ``last_plans``)."""
     vec16: bool = False
-    """quantize, dequantize: use the 16-lane tile (kernels.VEC16: a thread owns 16 consecutive elements and
+    """Use the 16-lane tile (kernels.VEC16: a thread owns 16 consecutive elements and
     packs/unpacks its codes in registers) where the launch allows it (whole power-of-two blocks >= 16, aligned code buffer)."""
 
 
@@ -128,14 +128,15 @@ def _scale_and_inverse(s: torch.Tensor) -> torch.Tensor:
     return torch.stack([s, inv])
 
 
-def _vec16(la: Launch, spec, ragged: bool, codes: torch.Tensor) -> dict:
+def _vec16(la: Launch, spec, ragged: bool, *codes: torch.Tensor, stride: int = 0) -> dict:
     """{"VEC16": True} where the geometry asks for the 16-lane quantize tile and this piece allows it: whole
-    power-of-two blocks of >= 16 elements, and a code buffer aligned for its packed stores (4-bit, 6-bit: int32;
-    5-bit: int16). Otherwise nothing (the kernel's default generic tile)."""
+    power-of-two blocks of >= 16 elements, and code buffers (and reduce_requantize's rank stride) aligned for
+    the packed loads and stores (4-bit, 6-bit: int32; 5-bit: int16). Otherwise nothing (the generic tile)."""
     if not la.vec16 or ragged or la.block_p != spec.block or spec.block < 16:
         return {}
     align = {4: 4, 6: 4, 5: 2, 8: 1}[spec.bits]
-    return {"VEC16": True} if codes.data_ptr() % align == 0 else {}
+    ok = all(c.data_ptr() % align == 0 for c in codes) and stride % align == 0
+    return {"VEC16": True} if ok else {}
 
 
 def ts_arg(ts: torch.Tensor | None) -> dict:
@@ -291,10 +292,11 @@ class Launcher:
         for off, m, boff, soff, ragged in segments(spec, n):
             replan = functools.partial(geo.plan, "accumulate", spec, m, io, dev, programs=programs)
             nb = spec.num_blocks(m)
+            cpiece = cv[boff:boff + spec.code_bytes(m)]
             self._run(K.accumulate_kernel, self._first(replan, rows),
-                      lambda la: (cv[boff:boff + spec.code_bytes(m)], scales[soff:soff + nb], lut, gv[off:off + m], m,
-                                  nb, la.n_tiles),
-                      lambda la: {**self._consts(f, la, ragged), "G_FLOAT": gk, "elut_ptr": elut}, replan)
+                      lambda la: (cpiece, scales[soff:soff + nb], lut, gv[off:off + m], m, nb, la.n_tiles),
+                      lambda la: {**self._consts(f, la, ragged), "G_FLOAT": gk, "elut_ptr": elut,
+                                  **_vec16(la, spec, ragged, cpiece)}, replan)
 
     def reduce_requantize(self, codes: torch.Tensor, scales: torch.Tensor, spec, numel: int,
                           codes_out: torch.Tensor, scales_out: torch.Tensor, *, rows: int | None = None,
@@ -319,4 +321,6 @@ class Launcher:
             self._run(K.reduce_requantize_kernel, self._first(replan, rows),
                       lambda la: (cv[:, boff:boff + cb], scales[:, soff:soff + nb], lut, cov[boff:boff + cb],
                                   scales_out[soff:soff + nb], m, nb, la.n_tiles, w, codes.stride(0), scales.stride(0)),
-                      lambda la: {**self._consts(f, la, ragged), "elut_ptr": elut}, replan)
+                      lambda la: {**self._consts(f, la, ragged), "elut_ptr": elut,
+                                  **_vec16(la, spec, ragged, cv[:, boff:], cov[boff:], stride=codes.stride(0))},
+                      replan)
