@@ -1,0 +1,96 @@
+"""The 16-lane tile of agoq-cuda's codec kernels (kernels.VEC16: a thread owns 16 consecutive elements and
+packs/unpacks its codes in registers into int32/int16 words) against the reference, bit for bit: special
+value blocks (zero, non-finite, ties, tiny scales), blocks of 16 and the defaults, and the launcher's choice
+of tile: aligned code buffers take VEC16, a code buffer at an odd address (or an odd rank stride) the
+generic tile, with the same bits."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agoq_core.formats import reference as ref
+from agoq_core.formats.spec import get_format
+from agoq_cuda import launch
+from cuda_inputs import assert_bits_equal, special_blocks
+
+# (format, block, code buffer at an odd address): every packing width, both tiles
+CASES = [("int4", None, False), ("int5", None, False), ("int5", 16, True), ("int6", None, True), ("int6", 16, False),
+         ("nf4", 16, False), ("fp8_e4m3", None, True), ("mxfp8", None, False)]
+
+
+@pytest.fixture
+def vec16_seen(monkeypatch):
+    """The VEC16 constexpr of every launch of the test."""
+    seen = []
+    run = launch.LAUNCHER._run
+
+    def spy(kernel, la, args, consts, replan=None):
+        seen.append(bool(consts(la).get("VEC16")))
+        return run(kernel, la, args, consts, replan)
+
+    monkeypatch.setattr(launch.LAUNCHER, "_run", spy)
+    return seen
+
+
+def _spec(fmt, block):
+    spec = get_format(fmt)
+    return spec if block is None or spec.scale_kind != "absmax" else get_format(fmt, block)
+
+
+def _odd(t: torch.Tensor, odd: bool) -> torch.Tensor:
+    """t's bytes, copied to an address that is odd when ``odd`` (a view into a bigger buffer)."""
+    if not odd:
+        return t.clone()
+    buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    buf[1:] = t
+    return buf[1:]
+
+
+@pytest.mark.parametrize("fmt,block,odd", CASES, ids=[f"{f}-b{b or 'default'}-{'odd' if o else 'aligned'}"
+                                                     for f, b, o in CASES])
+def test_quantize_dequantize_accumulate(fmt, block, odd, vec16_seen, device):
+    spec = _spec(fmt, block)
+    x = special_blocks(spec, spec.block, seed=spec.block)
+    x = x[: x.numel() // spec.block * spec.block]  # whole blocks: one launch each
+    n = x.numel()
+    want_c, want_s = ref.quantize_blocks(x, spec)
+    codes = _odd(torch.zeros(spec.code_bytes(n), dtype=torch.uint8, device=device), odd)
+    scales = torch.empty(spec.num_blocks(n), device=device)
+    launch.quantize(x.to(device), spec, codes, scales)
+    assert_bits_equal(codes.cpu(), want_c, "codes")
+    assert_bits_equal(scales.cpu(), want_s, "scales")
+    out = torch.empty(n, dtype=torch.bfloat16, device=device)
+    launch.dequantize(codes, scales, spec, out)
+    assert_bits_equal(out.cpu(), ref.dequantize_blocks(want_c, want_s, spec, n, torch.bfloat16), "dequantized")
+    g = (torch.randn(n, generator=torch.Generator().manual_seed(1)) * 1e-3).to(torch.bfloat16)
+    launch.accumulate(codes, scales, spec, g.to(device))
+    acc_c, acc_s = ref.accumulate(want_c, want_s, spec, n, g)
+    assert_bits_equal(codes.cpu(), acc_c, "accumulated codes")
+    assert_bits_equal(scales.cpu(), acc_s, "accumulated scales")
+    aligned = not odd or spec.bits == 8  # 8-bit codes are bytes: any address
+    assert vec16_seen == [aligned] * 3
+
+
+@pytest.mark.parametrize("odd_stride", [False, True], ids=["stride16", "odd-stride"])
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "mxfp8"])
+def test_reduce_requantize(fmt, odd_stride, vec16_seen, device):
+    spec = get_format(fmt)
+    g = torch.Generator().manual_seed(5)
+    nc = 9 * spec.block
+    w = 3
+    parts = [ref.quantize_blocks(torch.randn(nc, generator=g) * 10.0 ** -r, spec) for r in range(w)]
+    cin = torch.stack([c for c, _ in parts])
+    sin = torch.stack([s for _, s in parts])
+    if odd_stride:  # rank rows one byte apart from a multiple of 16
+        wide = torch.zeros(w, cin.shape[1] + 1, dtype=torch.uint8)
+        wide[:, :-1] = cin
+        cdev = wide.to(device)[:, :-1]
+    else:
+        cdev = cin.to(device)
+    cout = torch.empty(spec.code_bytes(nc), dtype=torch.uint8, device=device)
+    sout = torch.empty(spec.num_blocks(nc), device=device)
+    launch.reduce_requantize(cdev, sin.to(device), spec, nc, cout, sout)
+    want_c, want_s = ref.reduce_requantize(cin, sin, spec, nc)
+    assert_bits_equal(cout.cpu(), want_c, "codes")
+    assert_bits_equal(sout.cpu(), want_s, "scales")
+    assert vec16_seen == [True]  # 8-bit codes: bytes, any stride
