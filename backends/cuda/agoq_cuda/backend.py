@@ -44,15 +44,6 @@ class CudaBackend(BackendBase):
                 "run the kernels on CPU instead")
         return cls(interpreted=interpreted)
 
-    def known_deviations(self) -> dict[str, str]:
-        if self.interpreted:  # the interpreter passes every case
-            return {}
-        # Seen on the H200 on 2026-12-01 (docs/benchmarks.md): these two MX cases each get two codes of 0
-        # where the reference has a non-zero code; the same kernels pass in the interpreter. Declared
-        # (strict xfail) until they are fixed on a GPU; the other 812 cases pass bit for bit there.
-        return {f"reduce_requantize/mxfp8/w{w}": "H200 2026-12-01: 2 codes written as 0 (GPU path only), "
-                "under investigation" for w in (2, 3)}
-
     def capabilities(self) -> Capabilities:
         notes = ["Triton kernels shared with agoq-ascend (agoq_triton_kernels); bit-exact with the reference",
                  "float64 inputs are rounded to float32 by torch before the kernel (as the reference does)",
