@@ -159,7 +159,7 @@ def _attention_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
 def _norm_laaq(self: nn.Module, st: "_State", x: torch.Tensor) -> torch.Tensor:
     if st.group is not None:
         st.group.sync()
-    src = NormSource(st.orig, st.plan["norm_input"], st.layer, st.backend)
+    src = NormSource(st.orig, st.plan["norm_input"], st.layer, st.backend, module=self)
     y = norm_apply(x, src, tuple(p for p in self.parameters()))
     if st.group is not None:
         st.group.sources[st.path] = weakref.ref(src)

@@ -18,7 +18,8 @@ __all__ = ["CudaBackend"]
 
 _OPS = frozenset({"quantize", "dequantize", "accumulate", "reduce_requantize",
                   "gemm_quant_epilogue", "gemm_dequant_prologue",   # fused GEMMs: agoq_cuda.fusion
-                  "rmsnorm_quant"})                                 # fused norm + codec: agoq_cuda.fused_norm
+                  "rmsnorm_quant",                                  # fused norm + codec: agoq_cuda.fused_norm
+                  "silu_mul_quant", "silu_mul_backward"})           # fused SiLU&Mul + codec: agoq_cuda.fused_swiglu
 
 
 class CudaBackend(BackendBase):
@@ -100,10 +101,49 @@ class CudaBackend(BackendBase):
 
         return fused_norm.rmsnorm_quant_unsupported(x, weight, spec)
 
-    def rmsnorm_quant_into(self, x, weight, eps, spec, y, codes, scales):
+    def rmsnorm_quant_variants(self, device):
         from agoq_cuda import fused_norm
 
-        fused_norm.rmsnorm_quant_into(x, weight, eps, spec, y, codes, scales)
+        return fused_norm.rmsnorm_quant_variants(torch.device(device))
+
+    def rmsnorm_quant_into(self, x, weight, eps, spec, y, codes, scales, variant=None):
+        from agoq_cuda import fused_norm
+
+        fused_norm.rmsnorm_quant_into(x, weight, eps, spec, y, codes, scales, variant=variant)
+
+    # ---- SiLU&Mul with its codec inside, forward and backward (agoq_cuda.fused_swiglu) --------------------
+    def silu_mul_quant_unsupported(self, gate, up, spec):
+        from agoq_cuda import fused_swiglu
+
+        return fused_swiglu.silu_mul_quant_unsupported(gate, up, spec)
+
+    def silu_mul_quant_variants(self, device):
+        from agoq_cuda import fused_swiglu
+
+        return fused_swiglu.silu_mul_quant_variants(torch.device(device))
+
+    def silu_mul_quant_into(self, gate, up, spec, h, gate_codes, gate_scales, up_codes, up_scales, variant=None):
+        from agoq_cuda import fused_swiglu
+
+        fused_swiglu.silu_mul_quant_into(gate, up, spec, h, gate_codes, gate_scales, up_codes, up_scales,
+                                         variant=variant)
+
+    def silu_mul_backward_unsupported(self, dh, spec):
+        from agoq_cuda import fused_swiglu
+
+        return fused_swiglu.silu_mul_backward_unsupported(dh, spec)
+
+    def silu_mul_backward_variants(self, device):
+        from agoq_cuda import fused_swiglu
+
+        return fused_swiglu.silu_mul_backward_variants(torch.device(device))
+
+    def silu_mul_backward_into(self, dh, gate_codes, gate_scales, up_codes, up_scales, spec, h, dgate, dup,
+                               variant=None):
+        from agoq_cuda import fused_swiglu
+
+        fused_swiglu.silu_mul_backward_into(dh, gate_codes, gate_scales, up_codes, up_scales, spec, h, dgate, dup,
+                                            variant=variant)
 
     def __repr__(self) -> str:
         mode = "Triton interpreter, CPU tensors" if self.interpreted else "CUDA"
