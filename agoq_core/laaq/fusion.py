@@ -279,7 +279,11 @@ def norm_and_quantize(x: torch.Tensor, module, norm_fn, spec: FormatSpec | None,
 
 
 def _is_silu(act) -> bool:
-    return act is F.silu or isinstance(act, torch.nn.SiLU)
+    """F.silu, torch.nn.SiLU or a module class named SiLU / SiLUActivation (HF's ACT2FN["silu"]) anywhere in
+    its hierarchy; the bit-for-bit check of the first calls catches one that computes something else."""
+    if act is F.silu or isinstance(act, torch.nn.SiLU):
+        return True
+    return isinstance(act, torch.nn.Module) and any(c.__name__ in ("SiLU", "SiLUActivation") for c in type(act).__mro__)
 
 
 def silu_mul_fusable(act, spec: FormatSpec | None, backend: str | None) -> bool:
