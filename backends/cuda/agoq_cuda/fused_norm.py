@@ -8,10 +8,11 @@ reference), and normalises it:
 
     y = round_dtype(weight * round_dtype(x * 1/sqrt(sum(x*x) / H + eps)))      (HF LlamaRMSNorm's recipe)
 
-The codes are bit-exact (conformance: optional capability ``rmsnorm_quant``). ``y`` is RMSNorm to within one
-rounding of the output dtype: its sum of squares is a tree reduction in fp32 (torch's order differs, and
-torch's CUDA rsqrt is not correctly rounded), so y is checked against torch within a tolerance, not bit for
-bit. Rows: x [M, H] contiguous, H a power-of-two multiple of a power-of-two block (every LLaMA size).
+The codes are bit-exact (conformance: optional capability ``rmsnorm_quant``). ``y`` must equal the model's
+own norm bit for bit to be used by LAAQ, so its sum of squares and rsqrt come in variants (VARIANTS):
+torch's CUDA reduction order with rsqrt.approx (HF's norm on a GPU), the same order with a correctly
+rounded 1/sqrt, or Triton's tree; LAAQ keeps the first that matches (agoq_core.laaq.fusion). Rows: x [M, H]
+contiguous, H a power-of-two multiple of a power-of-two block, 256 <= H <= 16384 (every LLaMA size).
 """
 from __future__ import annotations
 
