@@ -74,7 +74,8 @@ def _variant_args(op: str, fmt: str, dtype: str, ragged: bool):
     kind, bits, block, qmax = FORMATS[fmt]
     c = format_constexprs(kind=kind, bits=bits, block=block, qmax=qmax)
     lanes = max(32, c["BLOCK_P"])
-    c.update(BLOCK_P=lanes, ROWS=1 if ragged else ROWS, RAGGED=ragged, HW=False)
+    # as agoq_ascend.launch.AscendGeometry launches them (HW False, contig_pack True; a CPU test checks it)
+    c.update(BLOCK_P=lanes, ROWS=1 if ragged else ROWS, RAGGED=ragged, HW=False, CONTIG=True)
     ptr, fk = DTYPES[dtype]
     sizes = {"n": "i32", "n_blocks": "i32", "n_tiles": "i32"}
     if op == "quantize":

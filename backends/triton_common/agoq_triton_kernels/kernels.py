@@ -11,7 +11,11 @@ most layout.MAX_CHUNK_ELEMENTS elements.
 
 Packing (docs/formats.md §5): a tile's codes are regrouped into pack groups of G = 8/gcd(bits, 8)
 codes (4-bit: 2 -> 1 byte, 5-bit: 8 -> 5 bytes, 6-bit: 4 -> 3 bytes) with tl.reshape + tl.split /
-tl.join, and each byte of a group is a separate (strided) store or load.
+tl.join. With CONTIG=False (CUDA) each byte of a 5/6-bit group is a separate store or load with a stride
+of 5/3 bytes; with CONTIG=True (Ascend) the group's bytes are joined into a [rows, groups, slots] tile
+(slots = 8/4, the last 3/1 masked) and written/read by one access whose addresses are one contiguous run
+per block (row + 5k + s, s < 5): Triton-Ascend turns an innermost stride of 3/5 bytes into a discrete,
+byte-by-byte transfer. Same bytes either way.
 
 Loops are ``while`` loops: Triton 3.6's interpreter cannot take a runtime value as a ``range`` bound
 under numpy >= 2.4 (triton-lang/triton#9171, fixed after 3.6), and CPU CI runs these bodies there.
@@ -224,14 +228,38 @@ def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.
 
 # ---- packing (the one copy: the codec kernels here and agoq-cuda's fused GEMMs call these) -----------------
 @triton.jit
+def _group_offsets(base, k, NBYTES: tl.constexpr, SLOTS: tl.constexpr):
+    """[R, K, SLOTS] byte offsets base + NBYTES * k + s of the slots of pack group k (base: [R, 1] row
+    starts, k: [1, K]) and the slot mask s < NBYTES: per row one contiguous run of K * NBYTES bytes."""
+    s = tl.arange(0, SLOTS)[None, None, :]
+    return (base + NBYTES * k)[:, :, None] + s, s < NBYTES
+
+
+@triton.jit
+def _store_groups(codes_ptr, base, k, m, p0, p1, p2, p3, p4, p5, p6, p7, NBYTES: tl.constexpr,
+                  SLOTS: tl.constexpr):
+    """CONTIG store of pack groups: bytes p0..p{NBYTES-1} (int32 [R, K]; the rest are don't-care
+    fillers) joined into [R, K, SLOTS] (slot s = p_s) and stored by one masked access, contiguous per row.
+    m: [R, K] group mask."""
+    if SLOTS == 4:  # [.., t, u] = p_{2t + u}
+        v = tl.join(tl.join(p0, p2), tl.join(p1, p3))
+    else:  # [.., h, t, u] = p_{4h + 2t + u}
+        v = tl.join(tl.join(tl.join(p0, p4), tl.join(p2, p6)), tl.join(tl.join(p1, p5), tl.join(p3, p7)))
+    v = tl.reshape(v, (p0.shape[0], p0.shape[1], SLOTS))
+    offs, slot_ok = _group_offsets(base, k, NBYTES, SLOTS)
+    tl.store(codes_ptr + offs, v.to(tl.int8), mask=m[:, :, None] & slot_ok)
+
+
+@triton.jit
 def store_codes(codes_ptr, c, rows, row_ok, elem, emask, n, ROWS: tl.constexpr, BITS: tl.constexpr,
-                BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, RAGGED: tl.constexpr):
+                BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, RAGGED: tl.constexpr, CONTIG: tl.constexpr = False):
     """Pack int32 codes [ROWS, BLOCK_P] (row r = block ``rows[r]``) into the byte stream (int8 view),
     little-endian within pack groups (docs/formats.md §5). ``elem``/``emask``: element offsets and mask
     of the tile (8-bit codes are stored element-wise). A pack group is stored iff its row is valid
     (``row_ok``) or, with RAGGED, iff its first element is < n: exactly spec.code_bytes(n) bytes, the
     tail padded with encode(0). Rows need not be consecutive (the fused GEMMs pass the global block
-    indices of a GEMM tile, with BLOCK_P == BLOCK and RAGGED=False)."""
+    indices of a GEMM tile, with BLOCK_P == BLOCK and RAGGED=False). CONTIG: 5/6-bit groups stored by
+    one access contiguous per row (Ascend) instead of one strided store per byte (module docstring)."""
     if BITS == 8:
         tl.store(codes_ptr + elem, c.to(tl.int8), mask=emask)
     elif BITS == 4:
@@ -246,10 +274,14 @@ def store_codes(codes_ptr, c, rows, row_ok, elem, emask, n, ROWS: tl.constexpr, 
         word = c0 | (c1 << 6) | (c2 << 12) | (c3 << 18)
         k = tl.arange(0, BLOCK_P // 4)[None, :]
         m = _group_mask(rows, row_ok, k, n, 4, BLOCK, RAGGED)
-        base = codes_ptr + rows[:, None] * (BLOCK // 4 * 3) + 3 * k
-        tl.store(base, word.to(tl.int8), mask=m)
-        tl.store(base + 1, (word >> 8).to(tl.int8), mask=m)
-        tl.store(base + 2, (word >> 16).to(tl.int8), mask=m)
+        if CONTIG:
+            _store_groups(codes_ptr, rows[:, None] * (BLOCK // 4 * 3), k, m, word, word >> 8, word >> 16, word,
+                          word, word, word, word, 3, 4)
+        else:
+            base = codes_ptr + rows[:, None] * (BLOCK // 4 * 3) + 3 * k
+            tl.store(base, word.to(tl.int8), mask=m)
+            tl.store(base + 1, (word >> 8).to(tl.int8), mask=m)
+            tl.store(base + 2, (word >> 16).to(tl.int8), mask=m)
     else:  # 5-bit: 8 codes -> 40 bits, built as two 20-bit halves so int32 suffices
         a, b = tl.split(tl.reshape(c, (ROWS, BLOCK_P // 8, 2, 2, 2)))  # split on bit 0 of the index
         a0, a1 = tl.split(a)  # bit 1
@@ -262,12 +294,16 @@ def store_codes(codes_ptr, c, rows, row_ok, elem, emask, n, ROWS: tl.constexpr, 
         hi = c4 | (c5 << 5) | (c6 << 10) | (c7 << 15)
         k = tl.arange(0, BLOCK_P // 8)[None, :]
         m = _group_mask(rows, row_ok, k, n, 8, BLOCK, RAGGED)
-        base = codes_ptr + rows[:, None] * (BLOCK // 8 * 5) + 5 * k
-        tl.store(base, lo.to(tl.int8), mask=m)
-        tl.store(base + 1, (lo >> 8).to(tl.int8), mask=m)
-        tl.store(base + 2, ((lo >> 16) | (hi << 4)).to(tl.int8), mask=m)
-        tl.store(base + 3, (hi >> 4).to(tl.int8), mask=m)
-        tl.store(base + 4, (hi >> 12).to(tl.int8), mask=m)
+        if CONTIG:
+            _store_groups(codes_ptr, rows[:, None] * (BLOCK // 8 * 5), k, m, lo, lo >> 8, (lo >> 16) | (hi << 4),
+                          hi >> 4, hi >> 12, lo, lo, lo, 5, 8)
+        else:
+            base = codes_ptr + rows[:, None] * (BLOCK // 8 * 5) + 5 * k
+            tl.store(base, lo.to(tl.int8), mask=m)
+            tl.store(base + 1, (lo >> 8).to(tl.int8), mask=m)
+            tl.store(base + 2, ((lo >> 16) | (hi << 4)).to(tl.int8), mask=m)
+            tl.store(base + 3, (hi >> 4).to(tl.int8), mask=m)
+            tl.store(base + 4, (hi >> 12).to(tl.int8), mask=m)
 
 
 @triton.jit
@@ -276,8 +312,30 @@ def _load_byte(ptr, mask):
 
 
 @triton.jit
+def _load_groups(codes_ptr, base, k, m, NBYTES: tl.constexpr, SLOTS: tl.constexpr):
+    """CONTIG load of pack groups (inverse of _store_groups): one masked access contiguous per row, split
+    into the group's bytes p0..p{SLOTS-1} (int32 [R, K], 0..255; slots >= NBYTES read 0)."""
+    offs, slot_ok = _group_offsets(base, k, NBYTES, SLOTS)
+    v = _load_byte(codes_ptr + offs, m[:, :, None] & slot_ok)
+    if SLOTS == 4:  # [.., t, u] = p_{2t + u}
+        e, o = tl.split(tl.reshape(v, (v.shape[0], v.shape[1], 2, 2)))
+        p0, p2 = tl.split(e)
+        p1, p3 = tl.split(o)
+        return p0, p1, p2, p3, p0, p0, p0, p0
+    else:  # [.., h, t, u] = p_{4h + 2t + u}
+        e, o = tl.split(tl.reshape(v, (v.shape[0], v.shape[1], 2, 2, 2)))
+        e0, e2 = tl.split(e)
+        o1, o3 = tl.split(o)
+        p0, p4 = tl.split(e0)
+        p2, p6 = tl.split(e2)
+        p1, p5 = tl.split(o1)
+        p3, p7 = tl.split(o3)
+        return p0, p1, p2, p3, p4, p5, p6, p7
+
+
+@triton.jit
 def load_codes(codes_ptr, rows, row_ok, elem, emask, n, ROWS: tl.constexpr, BITS: tl.constexpr,
-               BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, RAGGED: tl.constexpr):
+               BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, RAGGED: tl.constexpr, CONTIG: tl.constexpr = False):
     """Inverse of store_codes: int32 codes [ROWS, BLOCK_P] (masked lanes and invalid rows read 0)."""
     if BITS == 8:
         return _load_byte(codes_ptr + elem, emask)
@@ -289,8 +347,12 @@ def load_codes(codes_ptr, rows, row_ok, elem, emask, n, ROWS: tl.constexpr, BITS
     elif BITS == 6:
         k = tl.arange(0, BLOCK_P // 4)[None, :]
         m = _group_mask(rows, row_ok, k, n, 4, BLOCK, RAGGED)
-        base = codes_ptr + rows[:, None] * (BLOCK // 4 * 3) + 3 * k
-        word = _load_byte(base, m) | (_load_byte(base + 1, m) << 8) | (_load_byte(base + 2, m) << 16)
+        if CONTIG:
+            b0, b1, b2, _, _, _, _, _ = _load_groups(codes_ptr, rows[:, None] * (BLOCK // 4 * 3), k, m, 3, 4)
+            word = b0 | (b1 << 8) | (b2 << 16)
+        else:
+            base = codes_ptr + rows[:, None] * (BLOCK // 4 * 3) + 3 * k
+            word = _load_byte(base, m) | (_load_byte(base + 1, m) << 8) | (_load_byte(base + 2, m) << 16)
         c0 = word & 63
         c1 = (word >> 6) & 63
         c2 = (word >> 12) & 63
@@ -299,10 +361,15 @@ def load_codes(codes_ptr, rows, row_ok, elem, emask, n, ROWS: tl.constexpr, BITS
     else:
         k = tl.arange(0, BLOCK_P // 8)[None, :]
         m = _group_mask(rows, row_ok, k, n, 8, BLOCK, RAGGED)
-        base = codes_ptr + rows[:, None] * (BLOCK // 8 * 5) + 5 * k
-        b2 = _load_byte(base + 2, m)
-        lo = _load_byte(base, m) | (_load_byte(base + 1, m) << 8) | ((b2 & 0xF) << 16)
-        hi = (b2 >> 4) | (_load_byte(base + 3, m) << 4) | (_load_byte(base + 4, m) << 12)
+        if CONTIG:
+            b0, b1, b2, b3, b4, _, _, _ = _load_groups(codes_ptr, rows[:, None] * (BLOCK // 8 * 5), k, m, 5, 8)
+            lo = b0 | (b1 << 8) | ((b2 & 0xF) << 16)
+            hi = (b2 >> 4) | (b3 << 4) | (b4 << 12)
+        else:
+            base = codes_ptr + rows[:, None] * (BLOCK // 8 * 5) + 5 * k
+            b2 = _load_byte(base + 2, m)
+            lo = _load_byte(base, m) | (_load_byte(base + 1, m) << 8) | ((b2 & 0xF) << 16)
+            hi = (b2 >> 4) | (_load_byte(base + 3, m) << 4) | (_load_byte(base + 4, m) << 12)
         c0 = lo & 31
         c1 = (lo >> 5) & 31
         c2 = (lo >> 10) & 31
@@ -319,10 +386,10 @@ def load_codes(codes_ptr, rows, row_ok, elem, emask, n, ROWS: tl.constexpr, BITS
 @triton.jit
 def dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, row_ok, elem, emask, n, ROWS: tl.constexpr,
                     KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
-                    NF4_LUT: tl.constexpr, RAGGED: tl.constexpr, HW: tl.constexpr):
+                    NF4_LUT: tl.constexpr, RAGGED: tl.constexpr, HW: tl.constexpr, CONTIG: tl.constexpr = False):
     """fp32 decode(code) * scale for a tile (one rounding: a plain fp32 multiply). Invalid rows
     (``row_ok`` False) read scale 0, so they are exact zeros."""
-    c = load_codes(codes_ptr, rows, row_ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
+    c = load_codes(codes_ptr, rows, row_ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED, CONTIG)
     s = tl.load(scales_ptr + rows, mask=row_ok, other=0.0)
     return decode(c, lut_ptr, KIND, BITS, NF4_LUT, HW) * s[:, None]
 
@@ -348,7 +415,7 @@ def quantize_kernel(x_ptr, codes_ptr, scales_ptr, n, n_blocks, n_tiles,
                     KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
                     QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, X_FLOAT: tl.constexpr,
                     HW: tl.constexpr, elut_ptr=None, NF4_LUT: tl.constexpr = False, SCALE: tl.constexpr = 0,
-                    ts_ptr=None):
+                    ts_ptr=None, CONTIG: tl.constexpr = False):
     """x (n elements; fp32/fp16, or bf16 as int16) -> codes (int8 view of the uint8 buffer), scales fp32."""
     t = tl.program_id(0)
     while t < n_tiles:
@@ -356,7 +423,7 @@ def quantize_kernel(x_ptr, codes_ptr, scales_ptr, n, n_blocks, n_tiles,
         x = _load_f32(x_ptr, elem, emask, X_FLOAT)
         codes, scale = quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None, HW,
                                      SCALE, ts_ptr)
-        store_codes(codes_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
+        store_codes(codes_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED, CONTIG)
         tl.store(scales_ptr + rows, scale, mask=ok)
         t += tl.num_programs(0)
 
@@ -365,13 +432,13 @@ def quantize_kernel(x_ptr, codes_ptr, scales_ptr, n, n_blocks, n_tiles,
 def dequantize_kernel(codes_ptr, scales_ptr, lut_ptr, out_ptr, n, n_blocks, n_tiles,
                       KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
                       QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, OUT_FLOAT: tl.constexpr,
-                      NF4_LUT: tl.constexpr, HW: tl.constexpr, SCALE: tl.constexpr = 0):
+                      NF4_LUT: tl.constexpr, HW: tl.constexpr, SCALE: tl.constexpr = 0, CONTIG: tl.constexpr = False):
     """codes + scales -> out (fp32/fp16, or bf16 as int16): fp32 decode * scale, one RNE cast."""
     t = tl.program_id(0)
     while t < n_tiles:
         rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
         y = dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, ok, elem, emask, n,
-                            ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW)
+                            ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW, CONTIG)
         _store_f32(out_ptr, elem, y, emask, OUT_FLOAT, HW)
         t += tl.num_programs(0)
 
@@ -380,7 +447,8 @@ def dequantize_kernel(codes_ptr, scales_ptr, lut_ptr, out_ptr, n, n_blocks, n_ti
 def accumulate_kernel(codes_ptr, scales_ptr, lut_ptr, g_ptr, n, n_blocks, n_tiles,
                       KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
                       QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, G_FLOAT: tl.constexpr,
-                      NF4_LUT: tl.constexpr, HW: tl.constexpr, elut_ptr=None, SCALE: tl.constexpr = 0):
+                      NF4_LUT: tl.constexpr, HW: tl.constexpr, elut_ptr=None, SCALE: tl.constexpr = 0,
+                      CONTIG: tl.constexpr = False):
     """In place: (codes, scales) <- Q(D(codes, scales) + g), D in fp32 and one fp32 add.
 
     Each tile reads its own blocks before writing them, so in-place is race-free."""
@@ -388,14 +456,14 @@ def accumulate_kernel(codes_ptr, scales_ptr, lut_ptr, g_ptr, n, n_blocks, n_tile
     while t < n_tiles:
         rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
         d = dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, ok, elem, emask, n,
-                            ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW)
+                            ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW, CONTIG)
         if not HW:  # no multiply-add contraction of decode * scale + g (see _materialise)
             d = _materialise(d, n_tiles >> 31)
         g = _load_f32(g_ptr, elem, emask, G_FLOAT)
         acc = tl.where(emask, d + g, 0.0)  # padding lanes are 0, whatever garbage the pad codes hold
         codes, scale = quantize_tile(acc, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None, HW,
                                      SCALE)
-        store_codes(codes_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
+        store_codes(codes_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED, CONTIG)
         tl.store(scales_ptr + rows, scale, mask=ok)
         t += tl.num_programs(0)
 
@@ -406,7 +474,7 @@ def reduce_requantize_kernel(codes_ptr, scales_ptr, lut_ptr, codes_out_ptr, scal
                              n, n_blocks, n_tiles, world, codes_stride, scales_stride,
                              KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
                              QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, NF4_LUT: tl.constexpr,
-                             HW: tl.constexpr, elut_ptr=None, SCALE: tl.constexpr = 0):
+                             HW: tl.constexpr, elut_ptr=None, SCALE: tl.constexpr = 0, CONTIG: tl.constexpr = False):
     """codes[world, codes_stride], scales[world, scales_stride] -> Q(((D0 + D1) + D2) + ...).
 
     The fp32 sum runs in rank order (a left fold), so every rank and every backend gets the same bits."""
@@ -414,7 +482,7 @@ def reduce_requantize_kernel(codes_ptr, scales_ptr, lut_ptr, codes_out_ptr, scal
     while t < n_tiles:
         rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
         acc = dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, ok, elem, emask, n,
-                              ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW)
+                              ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW, CONTIG)
         if not HW:
             acc = _materialise(acc, n_tiles >> 31)
         r = 1
@@ -422,7 +490,7 @@ def reduce_requantize_kernel(codes_ptr, scales_ptr, lut_ptr, codes_out_ptr, scal
             r64 = tl.cast(r, tl.int64)  # r * codes_stride passes 2**31 for big chunks (W = 8, 2**28 elements)
             d = dequantize_tile(codes_ptr + r64 * codes_stride, scales_ptr + r64 * scales_stride, lut_ptr,
                                 rows, ok, elem, emask, n, ROWS, KIND, BITS, BLOCK, BLOCK_P,
-                                NF4_LUT, RAGGED, HW)
+                                NF4_LUT, RAGGED, HW, CONTIG)
             if not HW:
                 d = _materialise(d, n_tiles >> 31)
             acc = acc + d
@@ -430,6 +498,6 @@ def reduce_requantize_kernel(codes_ptr, scales_ptr, lut_ptr, codes_out_ptr, scal
         acc = tl.where(emask, acc, 0.0)
         codes, scale = quantize_tile(acc, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None, HW,
                                      SCALE)
-        store_codes(codes_out_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
+        store_codes(codes_out_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED, CONTIG)
         tl.store(scales_out_ptr + rows, scale, mask=ok)
         t += tl.num_programs(0)
