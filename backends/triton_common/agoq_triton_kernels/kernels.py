@@ -236,18 +236,22 @@ def _group_offsets(base, k, NBYTES: tl.constexpr, SLOTS: tl.constexpr):
 
 
 @triton.jit
-def _store_groups(codes_ptr, base, k, m, p0, p1, p2, p3, p4, p5, p6, p7, NBYTES: tl.constexpr,
-                  SLOTS: tl.constexpr):
-    """CONTIG store of pack groups: bytes p0..p{NBYTES-1} (int32 [R, K]; the rest are don't-care
-    fillers) joined into [R, K, SLOTS] (slot s = p_s) and stored by one masked access, contiguous per row.
-    m: [R, K] group mask."""
-    if SLOTS == 4:  # [.., t, u] = p_{2t + u}
-        v = tl.join(tl.join(p0, p2), tl.join(p1, p3))
-    else:  # [.., h, t, u] = p_{4h + 2t + u}
-        v = tl.join(tl.join(tl.join(p0, p4), tl.join(p2, p6)), tl.join(tl.join(p1, p5), tl.join(p3, p7)))
-    v = tl.reshape(v, (p0.shape[0], p0.shape[1], SLOTS))
+def _store_groups(codes_ptr, base, k, m, w_a, w_b, NBYTES: tl.constexpr, SLOTS: tl.constexpr):
+    """CONTIG store of pack groups: one masked access, contiguous per row. m: [R, K] group mask.
+
+    Slot s of group k gets bits 24..31 of w_a * A[s] + w_b * B[s] (wrapping int32 products; A, B per slot:
+    a power of two or 0, never both non-zero), i.e. (word << (24 - bit offset)) >> 24 without a per-lane
+    shift. 6-bit: w_a = the group's 24-bit word. 5-bit: w_a = bits 0..31 and w_b = bits 8..39 of its
+    40-bit word. Slots >= NBYTES are masked."""
+    s = tl.arange(0, SLOTS)[None, None, :]
+    if NBYTES == 3:  # bytes 0, 1, 2 = word bits 0, 8, 16 moved to bit 24
+        v = w_a[:, :, None] * tl.where(s == 0, 1 << 24, tl.where(s == 1, 1 << 16, tl.where(s == 2, 1 << 8, 0)))
+    else:  # byte 0 = w_a bits 0..7; bytes 1..4 = w_b bits 0, 8, 16, 24
+        v = (w_a[:, :, None] * tl.where(s == 0, 1 << 24, 0)
+             + w_b[:, :, None] * tl.where(s == 1, 1 << 24, tl.where(s == 2, 1 << 16,
+                                                                    tl.where(s == 3, 1 << 8, tl.where(s == 4, 1, 0)))))
     offs, slot_ok = _group_offsets(base, k, NBYTES, SLOTS)
-    tl.store(codes_ptr + offs, v.to(tl.int8), mask=m[:, :, None] & slot_ok)
+    tl.store(codes_ptr + offs, (v >> 24).to(tl.int8), mask=m[:, :, None] & slot_ok)
 
 
 @triton.jit
@@ -275,8 +279,7 @@ def store_codes(codes_ptr, c, rows, row_ok, elem, emask, n, ROWS: tl.constexpr, 
         k = tl.arange(0, BLOCK_P // 4)[None, :]
         m = _group_mask(rows, row_ok, k, n, 4, BLOCK, RAGGED)
         if CONTIG:
-            _store_groups(codes_ptr, rows[:, None] * (BLOCK // 4 * 3), k, m, word, word >> 8, word >> 16, word,
-                          word, word, word, word, 3, 4)
+            _store_groups(codes_ptr, rows[:, None] * (BLOCK // 4 * 3), k, m, word, word, 3, 4)
         else:
             base = codes_ptr + rows[:, None] * (BLOCK // 4 * 3) + 3 * k
             tl.store(base, word.to(tl.int8), mask=m)
@@ -295,8 +298,8 @@ def store_codes(codes_ptr, c, rows, row_ok, elem, emask, n, ROWS: tl.constexpr, 
         k = tl.arange(0, BLOCK_P // 8)[None, :]
         m = _group_mask(rows, row_ok, k, n, 8, BLOCK, RAGGED)
         if CONTIG:
-            _store_groups(codes_ptr, rows[:, None] * (BLOCK // 8 * 5), k, m, lo, lo >> 8, (lo >> 16) | (hi << 4),
-                          hi >> 4, hi >> 12, lo, lo, lo, 5, 8)
+            _store_groups(codes_ptr, rows[:, None] * (BLOCK // 8 * 5), k, m, lo | (hi << 20), (lo >> 8) | (hi << 12),
+                          5, 8)
         else:
             base = codes_ptr + rows[:, None] * (BLOCK // 8 * 5) + 5 * k
             tl.store(base, lo.to(tl.int8), mask=m)
@@ -313,24 +316,20 @@ def _load_byte(ptr, mask):
 
 @triton.jit
 def _load_groups(codes_ptr, base, k, m, NBYTES: tl.constexpr, SLOTS: tl.constexpr):
-    """CONTIG load of pack groups (inverse of _store_groups): one masked access contiguous per row, split
-    into the group's bytes p0..p{SLOTS-1} (int32 [R, K], 0..255; slots >= NBYTES read 0)."""
+    """CONTIG load of pack groups (inverse of _store_groups): one masked access contiguous per row, then
+    the bytes are weighted by powers of two and summed along the slot axis in fp32 (exact: integers below
+    2**24 in any order, with or without FMA). 6-bit: (word, word) = bytes 0..2 as a 24-bit word; 5-bit:
+    (lo, hi) = bits 0..19 and 20..39 of the 40-bit word."""
     offs, slot_ok = _group_offsets(base, k, NBYTES, SLOTS)
-    v = _load_byte(codes_ptr + offs, m[:, :, None] & slot_ok)
-    if SLOTS == 4:  # [.., t, u] = p_{2t + u}
-        e, o = tl.split(tl.reshape(v, (v.shape[0], v.shape[1], 2, 2)))
-        p0, p2 = tl.split(e)
-        p1, p3 = tl.split(o)
-        return p0, p1, p2, p3, p0, p0, p0, p0
-    else:  # [.., h, t, u] = p_{4h + 2t + u}
-        e, o = tl.split(tl.reshape(v, (v.shape[0], v.shape[1], 2, 2, 2)))
-        e0, e2 = tl.split(e)
-        o1, o3 = tl.split(o)
-        p0, p4 = tl.split(e0)
-        p2, p6 = tl.split(e2)
-        p1, p5 = tl.split(o1)
-        p3, p7 = tl.split(o3)
-        return p0, p1, p2, p3, p4, p5, p6, p7
+    b = _load_byte(codes_ptr + offs, m[:, :, None] & slot_ok).to(tl.float32)  # [R, K, SLOTS], 0..255; masked: 0
+    s = tl.arange(0, SLOTS)[None, None, :]
+    if NBYTES == 3:
+        w = tl.sum(b * tl.where(s == 0, 1.0, tl.where(s == 1, 256.0, tl.where(s == 2, 65536.0, 0.0))), axis=2)
+        return w.to(tl.int32), w.to(tl.int32)
+    else:
+        lo = tl.sum(b * tl.where(s == 0, 1.0, tl.where(s == 1, 256.0, tl.where(s == 2, 65536.0, 0.0))), axis=2)
+        hi = tl.sum(b * tl.where(s == 2, 1.0, tl.where(s == 3, 256.0, tl.where(s == 4, 65536.0, 0.0))), axis=2)
+        return lo.to(tl.int32) & 0xFFFFF, hi.to(tl.int32) >> 4
 
 
 @triton.jit
@@ -348,8 +347,7 @@ def load_codes(codes_ptr, rows, row_ok, elem, emask, n, ROWS: tl.constexpr, BITS
         k = tl.arange(0, BLOCK_P // 4)[None, :]
         m = _group_mask(rows, row_ok, k, n, 4, BLOCK, RAGGED)
         if CONTIG:
-            b0, b1, b2, _, _, _, _, _ = _load_groups(codes_ptr, rows[:, None] * (BLOCK // 4 * 3), k, m, 3, 4)
-            word = b0 | (b1 << 8) | (b2 << 16)
+            word, _ = _load_groups(codes_ptr, rows[:, None] * (BLOCK // 4 * 3), k, m, 3, 4)
         else:
             base = codes_ptr + rows[:, None] * (BLOCK // 4 * 3) + 3 * k
             word = _load_byte(base, m) | (_load_byte(base + 1, m) << 8) | (_load_byte(base + 2, m) << 16)
@@ -362,9 +360,7 @@ def load_codes(codes_ptr, rows, row_ok, elem, emask, n, ROWS: tl.constexpr, BITS
         k = tl.arange(0, BLOCK_P // 8)[None, :]
         m = _group_mask(rows, row_ok, k, n, 8, BLOCK, RAGGED)
         if CONTIG:
-            b0, b1, b2, b3, b4, _, _, _ = _load_groups(codes_ptr, rows[:, None] * (BLOCK // 8 * 5), k, m, 5, 8)
-            lo = b0 | (b1 << 8) | ((b2 & 0xF) << 16)
-            hi = (b2 >> 4) | (b3 << 4) | (b4 << 12)
+            lo, hi = _load_groups(codes_ptr, rows[:, None] * (BLOCK // 8 * 5), k, m, 5, 8)
         else:
             base = codes_ptr + rows[:, None] * (BLOCK // 8 * 5) + 5 * k
             b2 = _load_byte(base + 2, m)
