@@ -73,14 +73,20 @@ def _check_triton_ascend():
     return triton
 
 
-def _variant_args(op: str, fmt: str, dtype: str, ragged: bool):
+def launch_constexprs(fmt: str, ragged: bool) -> dict:
+    """The format and geometry constexprs agoq-ascend launches (agoq_ascend.launch.AscendGeometry: HW False,
+    NF4_LUT False, contig_pack True; backends/ascend/tests/test_ascend_contiguous_packing.py checks them)."""
     from agoq_triton_kernels.layout import format_constexprs
 
     kind, bits, block, qmax = FORMATS[fmt]
     c = format_constexprs(kind=kind, bits=bits, block=block, qmax=qmax)
-    lanes = max(32, c["BLOCK_P"])
-    # as agoq_ascend.launch.AscendGeometry launches them (HW False, contig_pack True; a CPU test checks it)
-    c.update(BLOCK_P=lanes, ROWS=1 if ragged else ROWS, RAGGED=ragged, HW=False, CONTIG=True)
+    c.update(BLOCK_P=max(32, c["BLOCK_P"]), ROWS=1 if ragged else ROWS, RAGGED=ragged, HW=False, NF4_LUT=False,
+             CONTIG=True)
+    return c
+
+
+def _variant_args(op: str, fmt: str, dtype: str, ragged: bool):
+    c = launch_constexprs(fmt, ragged)
     ptr, fk = DTYPES[dtype]
     sizes = {"n": "i32", "n_blocks": "i32", "n_tiles": "i32"}
     if op == "quantize":
