@@ -212,12 +212,17 @@ def _pack(bits: int) -> list[tuple[str, int, int]]:
     tail = [("group offsets", g, _I32), ("group mask", g, _BOOL)]
     if g == 2:
         return head + [("packed byte", g, _I8), ("int8 cast temporary", g, _I16)] + tail
+    # The [rows, groups, slots] tensors of the store in Triton-Ascend's linalg IR (frontend_compile.py --keep):
+    # the per-slot multipliers and the 24 splat broadcast to the tile (loop-invariant, still UB), the window(s)
+    # broadcast along the slots, (5-bit: the slot-0 select and its mask), the product, >> 24, the int8 tile and
+    # its int16 cast temporary. Offsets and mask leave no tensor (a strided view and a subview).
     if bits == 5:  # w_a = lo | hi << 20, w_b = lo >> 8 | hi << 12 and their two shifted operands
         return (head + [("32-bit window", g, _I32)] * 4
-                + _group_tiles("store", g, ["w_a x A", "w_b x B", "sum", ">> 24", "int8", "int8 cast temporary",
-                                            "offsets", "mask"]) + tail)
-    return (head + _group_tiles("store", g, ["word x M", ">> 24", "int8", "int8 cast temporary", "offsets", "mask"])
-            + tail)
+                + _group_tiles("store", g, ["multipliers", "24 splat", "w_a broadcast", "w_b broadcast",
+                                            "slot-0 mask", "selected window", "window x multiplier", ">> 24", "int8",
+                                            "int8 cast temporary"]) + tail)
+    return (head + _group_tiles("store", g, ["multipliers", "24 splat", "word broadcast", "word x multiplier",
+                                             ">> 24", "int8", "int8 cast temporary"]) + tail)
 
 
 def _unpack(bits: int) -> list[tuple[str, int, int]]:
@@ -234,8 +239,10 @@ def _unpack(bits: int) -> list[tuple[str, int, int]]:
     if g == 2:
         loaded = [("loaded byte", g, _I8)] * nbytes + [("widened byte", g, _I32)] * nbytes
     else:
-        loaded = (_group_tiles("load", g, ["offsets", "mask", "bytes int8", "bytes int32", "bytes & 0xFF", "bytes fp32"]
-                               + ["bytes x weight"] * words)
+        # as in the linalg IR: the 0xFF splat and the weights broadcast (loop-invariant), the loaded int8 bytes,
+        # their widening, & 0xFF, fp32 conversion and the weighted bytes (one per word); no offset/mask tensor
+        loaded = (_group_tiles("load", g, ["0xFF splat", "bytes int8", "bytes int32", "bytes & 0xFF", "bytes fp32"]
+                               + ["weights", "bytes x weight"] * words)
                   + [("slot sum fp32", g, _F32)] * words + [("slot sum int32", g, _I32)] * words)
     return (loaded + [("unpacked word", g, _I32)] * words + [("group code", g, _I32)] * g + joins
             + [("codes", 1, _I32), ("group offsets", g, _I32), ("group mask", g, _BOOL)])

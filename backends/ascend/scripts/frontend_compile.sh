@@ -25,4 +25,5 @@ if "$VENV/bin/python" -m pip show triton >/dev/null 2>&1; then
   echo "frontend_compile.sh: upstream triton is installed in $VENV next to triton-ascend; remove the venv and rerun" >&2
   exit 2
 fi
-exec "$VENV/bin/python" backends/ascend/scripts/frontend_compile.py "$@"
+# TRITON_INTERPRET=1 (set for the CPU tests) would turn the kernels into interpreted functions: not compiled
+exec env -u TRITON_INTERPRET "$VENV/bin/python" backends/ascend/scripts/frontend_compile.py "$@"

@@ -239,17 +239,16 @@ def _group_offsets(base, k, NBYTES: tl.constexpr, SLOTS: tl.constexpr):
 def _store_groups(codes_ptr, base, k, m, w_a, w_b, NBYTES: tl.constexpr, SLOTS: tl.constexpr):
     """CONTIG store of pack groups: one masked access, contiguous per row. m: [R, K] group mask.
 
-    Slot s of group k gets bits 24..31 of w_a * A[s] + w_b * B[s] (wrapping int32 products; A, B per slot:
-    a power of two or 0, never both non-zero), i.e. (word << (24 - bit offset)) >> 24 without a per-lane
-    shift. 6-bit: w_a = the group's 24-bit word. 5-bit: w_a = bits 0..31 and w_b = bits 8..39 of its
-    40-bit word. Slots >= NBYTES are masked."""
+    Slot s of group k gets bits 24..31 of w * M[s] (a wrapping int32 product, M[s] a power of two), i.e.
+    (w << (24 - bit offset)) >> 24 without a per-lane shift, w = w_a for slot 0 and w_b for the others.
+    6-bit: w_a = w_b = the group's 24-bit word. 5-bit: w_a = bits 0..31 and w_b = bits 8..39 of its 40-bit
+    word. Slots >= NBYTES are masked."""
     s = tl.arange(0, SLOTS)[None, None, :]
     if NBYTES == 3:  # bytes 0, 1, 2 = word bits 0, 8, 16 moved to bit 24
         v = w_a[:, :, None] * tl.where(s == 0, 1 << 24, tl.where(s == 1, 1 << 16, tl.where(s == 2, 1 << 8, 0)))
     else:  # byte 0 = w_a bits 0..7; bytes 1..4 = w_b bits 0, 8, 16, 24
-        v = (w_a[:, :, None] * tl.where(s == 0, 1 << 24, 0)
-             + w_b[:, :, None] * tl.where(s == 1, 1 << 24, tl.where(s == 2, 1 << 16,
-                                                                    tl.where(s == 3, 1 << 8, tl.where(s == 4, 1, 0)))))
+        mult = tl.where(s <= 1, 1 << 24, tl.where(s == 2, 1 << 16, tl.where(s == 3, 1 << 8, tl.where(s == 4, 1, 0))))
+        v = tl.where(s == 0, w_a[:, :, None], w_b[:, :, None]) * mult
     offs, slot_ok = _group_offsets(base, k, NBYTES, SLOTS)
     tl.store(codes_ptr + offs, (v >> 24).to(tl.int8), mask=m[:, :, None] & slot_ok)
 
