@@ -60,6 +60,60 @@ def _torch_shims() -> None:
         fsdp.DataParallelMeshDims = DataParallelMeshDims
 
 
+def fsdp_groups_partial_forward() -> bool:
+    """Whether this torch's FSDP2 handles a ``fully_shard([norm, lm_head])`` group of which the model's
+    forward runs only ``norm`` (the chunked loss then calls ``lm_head`` per chunk): torch >= 2.13
+    (pytorch PR 180428, ``FSDPState._force_complete_incomplete_states``; feature-detected). Before it the group's
+    post-forward never runs for ``norm`` alone, no pre-backward hook goes on its output, and the
+    ChunkedLossWrapper's ``lm_head.reshard()`` frees the unsharded ``norm.weight`` that the decoder's
+    backward then reads: "data is not allocated yet" on CUDA, a segmentation fault on CPU."""
+    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+
+    return hasattr(FSDPState, "_force_complete_incomplete_states")
+
+
+def apply_fsdp(model, mesh, param_dtype, reduce_dtype, split: bool | None = None) -> str:
+    """torchtitan's ``apply_fsdp_to_decoder`` (what its ``parallelize_llama`` does for FSDP2); on a torch
+    without partial-forward groups (see ``fsdp_groups_partial_forward``) its ``[norm, lm_head]`` group
+    becomes two FSDP units, as torchtitan itself did under the chunked loss before its PR 2937. Same
+    sharding, mixed precision and reshard policy; at world size 1 no collective differs. Returns the
+    grouping used (recorded in the results). ``split`` forces either grouping (tests)."""
+    import torchtitan.distributed.fsdp as tt_fsdp
+
+    if split is None:
+        split = not fsdp_groups_partial_forward()
+    if not split:
+        tt_fsdp.apply_fsdp_to_decoder(model, mesh, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+                                      pp_enabled=False)
+        return "torchtitan: fully_shard([norm, lm_head])"
+    if model.enable_weight_tying:
+        raise RuntimeError("torch < 2.13 FSDP2 cannot run torchtitan's tied [tok_embeddings, norm, lm_head] group "
+                           "under the chunked loss, and a tied group cannot be split; use torch >= 2.13")
+    orig = tt_fsdp.fully_shard
+
+    def split_lists(module, **kw):
+        if isinstance(module, (list, tuple)):
+            for m in module:
+                orig(m, **kw)
+            return module
+        return orig(module, **kw)
+
+    tt_fsdp.fully_shard = split_lists
+    try:
+        tt_fsdp.apply_fsdp_to_decoder(model, mesh, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+                                      pp_enabled=False)
+    finally:
+        tt_fsdp.fully_shard = orig
+    return "split for torch < 2.13: fully_shard(norm), fully_shard(lm_head)"
+
+
+def _parallel_dims():
+    """torchtitan's ParallelDims for one rank, FSDP only (apply_compile reads its TP setting)."""
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    return ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, world_size=1)
+
+
 def _converters(kind: str | None, smoke: bool):
     if kind is None:
         return None
@@ -80,7 +134,6 @@ def child(args) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
-    from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
     from torchtitan.models.common.attention import ScaledDotProductAttention
     from torchtitan.models.llama3 import model_registry
 
@@ -109,10 +162,11 @@ def child(args) -> dict:
         from torchtitan.config import CompileConfig
         from torchtitan.distributed.compile import apply_compile
 
-        apply_compile(model, compile_config=CompileConfig(enable=True, components=["model"]), parallel_dims=None)
+        apply_compile(model, compile_config=CompileConfig(enable=True, components=["model"]),
+                      parallel_dims=_parallel_dims())
     mesh = init_device_mesh(dev, (1,), mesh_dim_names=("fsdp",))
-    pdtype = torch.float32 if args.smoke else torch.bfloat16
-    apply_fsdp_to_decoder(model, mesh, param_dtype=pdtype, reduce_dtype=torch.float32, pp_enabled=False)
+    pdtype = torch.bfloat16 if (args.bf16 or not args.smoke) else torch.float32
+    fsdp_grouping = apply_fsdp(model, mesh, pdtype, torch.float32)
     model.to_empty(device=dev)
     with torch.no_grad():
         model.init_weights(buffer_device=None)
@@ -124,7 +178,9 @@ def child(args) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
     vocab = cfg.vocab_size
     res = {"config": args.child, "ac": ac, "converter": conv, "compile": compile_, "params": n_params,
-           "layers": len(cfg.layers), "flavor": args.flavor, "batch": args.batch, "runs": []}
+           "layers": len(cfg.layers), "flavor": args.flavor, "batch": args.batch, "param_dtype": str(pdtype),
+           "fsdp_norm_lm_head": fsdp_grouping, "loss": "torchtitan ChunkedLossWrapper(CrossEntropyLoss)",
+           "runs": []}
 
     def sync():
         if dev == "cuda":
@@ -205,6 +261,7 @@ def _table(results: list[dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--smoke", action="store_true", help="CPU/gloo, torchtitan's debugmodel, tiny sequences")
+    ap.add_argument("--bf16", action="store_true", help="bf16 parameters with --smoke too (always on the GPU)")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--flavor", default=None, help="torchtitan llama3 flavor (default 8B; debugmodel with --smoke)")
     ap.add_argument("--layers", type=int, default=None, help="decoder layers kept (default 8; 2 with --smoke)")
@@ -249,6 +306,8 @@ def main() -> None:
                "--warmup", str(args.warmup), "--budget-s", str(max(per - 45, 10)), "--port", str(29611 + i)]
         if args.smoke:
             cmd.append("--smoke")
+        if args.bf16:
+            cmd.append("--bf16")
         t = time.time()
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=per, env=env)
