@@ -50,20 +50,11 @@ SEQS = (4096, 8192, 16384, 32768, 65536)
 SMOKE_SEQS = (64, 128)
 
 
-def _torch_shims() -> None:
-    import torch.distributed.fsdp as fsdp
-
-    if not hasattr(fsdp, "DataParallelMeshDims"):  # torch < 2.13: see the module docstring
-        class DataParallelMeshDims:  # placeholder type; never instantiated here
-            def __init__(self, *a, **k):
-                raise NotImplementedError("DataParallelMeshDims needs torch >= 2.13")
-        fsdp.DataParallelMeshDims = DataParallelMeshDims
-
-
 def fsdp_groups_partial_forward() -> bool:
     """Whether this torch's FSDP2 handles a ``fully_shard([norm, lm_head])`` group of which the model's
-    forward runs only ``norm`` (the chunked loss then calls ``lm_head`` per chunk): torch >= 2.13
-    (pytorch PR 180428, ``FSDPState._force_complete_incomplete_states``; feature-detected). Before it the group's
+    forward runs only ``norm`` (the chunked loss then calls ``lm_head`` per chunk): torch 2.13.0 has it
+    (pytorch PR 180428, ``FSDPState._force_complete_incomplete_states``; feature-detected), 2.11.0 and
+    2.12.0 do not. Without it the group's
     post-forward never runs for ``norm`` alone, no pre-backward hook goes on its output, and the
     ChunkedLossWrapper's ``lm_head.reshard()`` frees the unsharded ``norm.weight`` that the decoder's
     backward then reads: "data is not allocated yet" on CUDA, a segmentation fault on CPU."""
@@ -130,7 +121,9 @@ def child(args) -> dict:
     import torch
     import torch.distributed as dist
 
-    _torch_shims()
+    from agoq_core.integrations.torchtitan import torch_compat
+
+    torch_compat()  # torch < 2.12: torchtitan 0.3.0's import of DataParallelMeshDims (module docstring)
     from torch.distributed.device_mesh import init_device_mesh
     from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
