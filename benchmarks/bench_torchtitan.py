@@ -46,7 +46,8 @@ CONFIGS = {
     "agoq_laaq": ("none", "agoq", False),
     "agoq_laaq_quangrad": ("none", "agoq+qg", False),
 }
-SEQS = (4096, 8192, 16384, 32768, 65536)
+WEIGHT = {"tt_float8_selective": 1.5}  # its share of the time budget, relative: it compiles the blocks first
+SEQS = (16384, 32768, 65536)
 SMOKE_SEQS = (64, 128)
 
 
@@ -173,17 +174,24 @@ def child(args) -> dict:
     res = {"config": args.child, "ac": ac, "converter": conv, "compile": compile_, "params": n_params,
            "layers": len(cfg.layers), "flavor": args.flavor, "batch": args.batch, "param_dtype": str(pdtype),
            "fsdp_norm_lm_head": fsdp_grouping, "loss": "torchtitan ChunkedLossWrapper(CrossEntropyLoss)",
-           "runs": []}
+           "torch": torch.__version__, "runs": []}
+    if dev == "cuda":
+        res["gpu"] = torch.cuda.get_device_name(0)
 
     def sync():
         if dev == "cuda":
             torch.cuda.synchronize()
 
-    deadline = time.time() + args.budget_s
+    deadline = args.deadline_at or (time.time() + args.budget_s)
+    prev = None  # (seq, step_s) of the last measured length: predicts the next one's time
     for seq in args.seqs:
-        if time.time() > deadline:
-            res["runs"].append({"seq": seq, "status": "skipped (time budget)"})
-            break
+        if prev is not None:
+            # step time grows a little faster than the length (attention); 1.25x margin on top
+            predicted = (args.warmup + args.steps) * prev[1] * (seq / prev[0]) ** 1.3 * 1.25
+            if time.time() + predicted > deadline:
+                res["runs"].append({"seq": seq, "status": "skipped (time budget)",
+                                    "predicted_s": round(predicted, 1)})
+                break
         g = torch.Generator().manual_seed(seq)
         data = torch.randint(0, vocab, (args.warmup + args.steps, args.batch, seq + 1), generator=g)
         if dev == "cuda":
@@ -210,8 +218,13 @@ def child(args) -> dict:
                 run["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
                 run["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
             res["runs"].append(run)
-        except torch.OutOfMemoryError:
+            print("RUN " + json.dumps(run), flush=True)
+            prev = (seq, run["step_s"])
+        except (torch.OutOfMemoryError, RuntimeError) as e:  # a Triton kernel's launch can fail as RuntimeError
+            if not (isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()):
+                raise
             res["runs"].append({"seq": seq, "status": "oom"})
+            print("RUN " + json.dumps(res["runs"][-1]), flush=True)
             break
         finally:
             opt.zero_grad(set_to_none=True)
@@ -226,6 +239,18 @@ def child(args) -> dict:
         res["laaq"] = str(rep).splitlines()[0]
     dist.destroy_process_group()
     return res
+
+
+def _child_result(name: str, stdout, stderr) -> dict:
+    """The child's RESULT line, or what its RUN lines measured before it died or was stopped."""
+    text = lambda x: x.decode(errors="replace") if isinstance(x, bytes) else (x or "")  # noqa: E731
+    out, err = text(stdout), text(stderr)
+    for ln in out.splitlines():
+        if ln.startswith("RESULT "):
+            return json.loads(ln[7:])
+    runs = [json.loads(ln[4:]) for ln in out.splitlines() if ln.startswith("RUN ")]
+    tail = err.strip().splitlines()[-1:] if err.strip() else []
+    return {"config": name, "error": f"no result: {tail}", "runs": runs, "stderr_tail": err[-3000:]}
 
 
 def _table(results: list[dict]) -> str:
@@ -244,8 +269,8 @@ def _table(results: list[dict]) -> str:
             else:
                 cells.append(r["status"])
         ok = [r["seq"] for r in res.get("runs", []) if r["status"] == "ok"]
-        longest = (f">= {max(ok)}" if ok and ok[-1] == res["runs"][-1]["seq"] and res["runs"][-1]["status"] == "ok"
-                   else (str(max(ok)) if ok else "none"))
+        oom = any(r["status"] == "oom" for r in res.get("runs", []))
+        longest = (str(max(ok)) if oom else f">= {max(ok)}") if ok else ("none" if oom else "not run")
         err = f" ({res['error'][:80]})" if res.get("error") else ""
         lines.append(f"| {res['config']}{err} | " + " | ".join(cells) + f" | {longest} |")
     return "\n".join(lines)
@@ -260,9 +285,12 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=None, help="decoder layers kept (default 8; 2 with --smoke)")
     ap.add_argument("--seqs", default=None)
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--budget-s", type=float, default=440.0, help="total wall-clock budget for all configs")
+    ap.add_argument("--steps", type=int, default=2, help="timed steps per sequence length")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed steps per sequence length before them")
+    ap.add_argument("--budget-s", type=float, default=210.0,
+                    help="total wall-clock budget for all configs (each gets an equal share of what is left; a "
+                         "configuration skips the sequence lengths predicted not to finish in its share)")
+    ap.add_argument("--deadline-at", type=float, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=29611, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -287,49 +315,55 @@ def main() -> None:
         sys.exit(f"unknown configs {unknown}; known: {list(CONFIGS)}")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "argv": sys.argv,
+            "flavor": args.flavor, "layers": args.layers, "batch": args.batch, "steps": args.steps,
+            "warmup": args.warmup, "seqs": args.seqs, "budget_s": args.budget_s}
+    try:  # versions only: the parent never touches the GPU (the children report its name)
+        import torch
+        import torchtitan
+
+        meta.update(torch=torch.__version__, torchtitan=getattr(torchtitan, "__version__", "?"))
+    except Exception as e:  # noqa: BLE001
+        meta["env_error"] = repr(e)
+
+    def write(results: list[dict]) -> str:  # after every configuration: a killed run keeps what it measured
+        gpu = next((r["gpu"] for r in results if r.get("gpu")), None)
+        m = dict(meta, **({"gpu": gpu} if gpu else {}))
+        (out / "bench_torchtitan.json").write_text(json.dumps({"meta": m, "results": results}, indent=1))
+        md = f"torchtitan bench {m}\n\n{_table(results)}\n"
+        (out / "bench_torchtitan.md").write_text(md)
+        return md
+
     start, results = time.time(), []
     for i, name in enumerate(names):
         left = args.budget_s - (time.time() - start)
-        per = left / (len(names) - i)
-        if per < 20:
+        per = left * WEIGHT.get(name, 1.0) / sum(WEIGHT.get(n, 1.0) for n in names[i:])
+        if per < (5 if args.smoke else 20):
             results.append({"config": name, "error": "skipped: time budget spent", "runs": []})
             continue
         cmd = [sys.executable, __file__, "--child", name, "--flavor", args.flavor, "--layers", str(args.layers),
                "--seqs", ",".join(map(str, args.seqs)), "--batch", str(args.batch), "--steps", str(args.steps),
-               "--warmup", str(args.warmup), "--budget-s", str(max(per - 45, 10)), "--port", str(29611 + i)]
+               "--warmup", str(args.warmup), "--deadline-at", f"{time.time() + per:.1f}", "--port", str(29611 + i)]
         if args.smoke:
             cmd.append("--smoke")
         if args.bf16:
             cmd.append("--bf16")
         t = time.time()
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=per, env=env)
-            line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
-            res = json.loads(line[7:]) if line else {"config": name, "error": f"exit {p.returncode}: "
-                                                     f"{p.stderr.strip().splitlines()[-1:]}", "runs": []}
-            if not line:
-                res["stderr_tail"] = p.stderr[-3000:]
-        except subprocess.TimeoutExpired:
-            res = {"config": name, "error": f"timed out after {per:.0f}s", "runs": []}
+            # the child starts no length predicted to end after its share; the hard limit allows one overrun
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=per + 20, env=env)
+            res = _child_result(name, p.stdout, p.stderr)
+            if "error" in res and p.returncode:
+                res["error"] += f" (exit {p.returncode})"
+        except subprocess.TimeoutExpired as e:
+            res = _child_result(name, e.stdout, e.stderr)
+            res["error"] = f"timed out after {per + 20:.0f}s" + (f"; {res['error']}" if res.get("error") else "")
         res["wall_s"] = time.time() - t
         results.append(res)
         print(f"{name}: {res.get('error') or [(r['seq'], r['status'], round(r.get('tokens_per_s', 0))) for r in res['runs']]}"
               f" ({res['wall_s']:.0f}s)", flush=True)
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "argv": sys.argv,
-            "flavor": args.flavor, "layers": args.layers, "batch": args.batch, "steps": args.steps,
-            "warmup": args.warmup}
-    try:
-        import torch
-        import torchtitan
-
-        meta.update(torch=torch.__version__, torchtitan=getattr(torchtitan, "__version__", "?"))
-        if torch.cuda.is_available():
-            meta["gpu"] = torch.cuda.get_device_name(0)
-    except Exception as e:  # noqa: BLE001
-        meta["env_error"] = repr(e)
-    (out / "bench_torchtitan.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    md = f"torchtitan bench {meta}\n\n{_table(results)}\n"
-    (out / "bench_torchtitan.md").write_text(md)
+        md = write(results)
+    md = write(results)
     print(md)
 
 
