@@ -112,7 +112,9 @@ def _converters(kind: str | None, smoke: bool):
     if kind == "float8":
         from torchtitan.components.quantization import Float8LinearConverter
 
-        return [Float8LinearConverter.Config(model_compile_enabled=not smoke, emulate=smoke)]
+        # lm_head stays bf16 as in torchtitan's own float8 recipe for the large Llamas (llama3_405b): the chunked
+        # loss runs it eagerly, outside the compiled blocks, where float8's casts would only cost time
+        return [Float8LinearConverter.Config(model_compile_enabled=not smoke, emulate=smoke, filter_fqns=["lm_head"])]
     from agoq_core.integrations.torchtitan import AgoqConverter
 
     return [AgoqConverter.Config(quangrad=kind == "agoq+qg", quangrad_threshold_bytes=0)]
@@ -182,22 +184,32 @@ def child(args) -> dict:
         if dev == "cuda":
             torch.cuda.synchronize()
 
+    if args.fake_oom_above:  # CPU tests of the ladder: lm_head (inside the chunked loss) "runs out of memory"
+        def fake_oom(mod, inp):
+            if current["seq"] > args.fake_oom_above:
+                raise torch.OutOfMemoryError(f"fake OOM above {args.fake_oom_above} (--fake-oom-above)")
+        model.lm_head.register_forward_pre_hook(fake_oom)
+    current = {"seq": 0}
     deadline = args.deadline_at or (time.time() + args.budget_s)
-    prev = None  # (seq, step_s) of the last measured length: predicts the next one's time
-    for seq in args.seqs:
-        if prev is not None:
-            # step time grows a little faster than the length (attention); 1.25x margin on top
-            predicted = (args.warmup + args.steps) * prev[1] * (seq / prev[0]) ** 1.3 * 1.25
-            if time.time() + predicted > deadline:
-                res["runs"].append({"seq": seq, "status": "skipped (time budget)",
-                                    "predicted_s": round(predicted, 1)})
-                break
+    fitted = None  # (seq, step_s) of the longest length that ran: predicts the shorter ones' time
+    # Longest first: the first length that runs is the longest that fits (what the comparison needs most);
+    # shorter ones follow while the time share lasts, for tokens/s where every configuration fits. An
+    # out-of-memory ends this process (FSDP's state after a step that failed part-way is not a fresh
+    # step's); the parent goes on with the shorter lengths in a new one.
+    for seq in sorted(args.seqs, reverse=True):
+        left = deadline - time.time()
+        predicted = None if fitted is None else (args.warmup + args.steps) * fitted[1] * seq / fitted[0] * 1.25
+        if left <= 0 or (predicted is not None and predicted > left):
+            res["runs"].append({"seq": seq, "status": "skipped (time budget)"})
+            print("RUN " + json.dumps(res["runs"][-1]), flush=True)
+            continue
+        current["seq"] = seq
         g = torch.Generator().manual_seed(seq)
         data = torch.randint(0, vocab, (args.warmup + args.steps, args.batch, seq + 1), generator=g)
         if dev == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-        losses, t0 = [], None
+        losses, t0, run = [], None, None
         try:
             for i in range(args.warmup + args.steps):
                 if i == args.warmup:
@@ -217,19 +229,20 @@ def child(args) -> dict:
             if dev == "cuda":
                 run["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
                 run["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
-            res["runs"].append(run)
-            print("RUN " + json.dumps(run), flush=True)
-            prev = (seq, run["step_s"])
+            if fitted is None:
+                fitted = (seq, run["step_s"])
         except (torch.OutOfMemoryError, RuntimeError) as e:  # a Triton kernel's launch can fail as RuntimeError
             if not (isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()):
                 raise
-            res["runs"].append({"seq": seq, "status": "oom"})
-            print("RUN " + json.dumps(res["runs"][-1]), flush=True)
-            break
+            run = {"seq": seq, "status": "oom"}
         finally:
+            h = loss = tok = None
             opt.zero_grad(set_to_none=True)
-            h = loss = None
             gc.collect()
+        res["runs"].append(run)
+        print("RUN " + json.dumps(run), flush=True)
+        if run["status"] == "oom":
+            break
     st = model.__dict__.get("agoq_quangrad_state")
     if st is not None:
         res["quangrad"] = {"compressed_calls": st.compressed_calls, "fallback_calls": st.fallback_calls,
@@ -238,6 +251,26 @@ def child(args) -> dict:
     if rep is not None:
         res["laaq"] = str(rep).splitlines()[0]
     dist.destroy_process_group()
+    return res
+
+
+def _run_child(args, name: str, seqs: list[int], end: float, port: int, env: dict) -> dict:
+    """One child process for ``name`` on ``seqs`` (longest first) until ``end`` (epoch seconds)."""
+    cmd = [sys.executable, __file__, "--child", name, "--flavor", args.flavor, "--layers", str(args.layers),
+           "--seqs", ",".join(map(str, seqs)), "--batch", str(args.batch), "--steps", str(args.steps),
+           "--warmup", str(args.warmup), "--deadline-at", f"{end:.1f}", "--port", str(port)]
+    cmd += ["--smoke"] if args.smoke else []
+    cmd += ["--bf16"] if args.bf16 else []
+    cmd += ["--fake-oom-above", str(args.fake_oom_above)] if args.fake_oom_above else []
+    limit = max(end - time.time(), 1) + 20  # the child starts no length predicted to end late; one overrun
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, env=env)
+        res = _child_result(name, p.stdout, p.stderr)
+        if "error" in res and p.returncode:
+            res["error"] += f" (exit {p.returncode})"
+    except subprocess.TimeoutExpired as e:
+        res = _child_result(name, e.stdout, e.stderr)
+        res["error"] = f"timed out after {limit:.0f}s" + (f"; {res['error']}" if res.get("error") else "")
     return res
 
 
@@ -291,6 +324,7 @@ def main() -> None:
                     help="total wall-clock budget for all configs (each gets an equal share of what is left; a "
                          "configuration skips the sequence lengths predicted not to finish in its share)")
     ap.add_argument("--deadline-at", type=float, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--fake-oom-above", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=29611, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -315,6 +349,7 @@ def main() -> None:
         sys.exit(f"unknown configs {unknown}; known: {list(CONFIGS)}")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # as torchtitan's run_train.sh
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "argv": sys.argv,
             "flavor": args.flavor, "layers": args.layers, "batch": args.batch, "steps": args.steps,
             "warmup": args.warmup, "seqs": args.seqs, "budget_s": args.budget_s}
@@ -341,23 +376,24 @@ def main() -> None:
         if per < (5 if args.smoke else 20):
             results.append({"config": name, "error": "skipped: time budget spent", "runs": []})
             continue
-        cmd = [sys.executable, __file__, "--child", name, "--flavor", args.flavor, "--layers", str(args.layers),
-               "--seqs", ",".join(map(str, args.seqs)), "--batch", str(args.batch), "--steps", str(args.steps),
-               "--warmup", str(args.warmup), "--deadline-at", f"{time.time() + per:.1f}", "--port", str(29611 + i)]
-        if args.smoke:
-            cmd.append("--smoke")
-        if args.bf16:
-            cmd.append("--bf16")
-        t = time.time()
-        try:
-            # the child starts no length predicted to end after its share; the hard limit allows one overrun
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=per + 20, env=env)
-            res = _child_result(name, p.stdout, p.stderr)
-            if "error" in res and p.returncode:
-                res["error"] += f" (exit {p.returncode})"
-        except subprocess.TimeoutExpired as e:
-            res = _child_result(name, e.stdout, e.stderr)
-            res["error"] = f"timed out after {per + 20:.0f}s" + (f"; {res['error']}" if res.get("error") else "")
+        t, end, seqs, res, port = time.time(), time.time() + per, sorted(args.seqs, reverse=True), None, 29611 + 7 * i
+        while seqs:  # one process per out-of-memory: each goes on with the lengths shorter than the last one's
+            part = _run_child(args, name, seqs, end, port, env)
+            port += 1
+            if res is None:
+                res = part
+            else:
+                res["runs"] += part["runs"]
+                for k in ("error", "traceback", "stderr_tail"):
+                    if k in part:
+                        res[k] = part[k]
+            last = res["runs"][-1] if res["runs"] else None
+            if res.get("error") or last is None or last["status"] != "oom":
+                break
+            seqs = [q for q in seqs if q < last["seq"]]
+            if end - time.time() < (2 if args.smoke else 15):  # not even a start-up left in the share
+                res["runs"] += [{"seq": q, "status": "skipped (time budget)"} for q in seqs]
+                break
         res["wall_s"] = time.time() - t
         results.append(res)
         print(f"{name}: {res.get('error') or [(r['seq'], r['status'], round(r.get('tokens_per_s', 0))) for r in res['runs']]}"
