@@ -161,3 +161,28 @@ def test_bench_fsdp_grouping_keeps_chunked_loss_training_identical():
         assert split["losses"] == res[mode]["losses"], mode
         for name, p in res[mode]["params"].items():
             assert torch.equal(split["params"][name], p), (mode, name)
+
+
+@pytest.mark.dist
+def test_bench_script_ladder_on_cpu(tmp_path):
+    """benchmarks/bench_torchtitan.py --smoke end to end for one configuration: the longest length first,
+    its (fake) out-of-memory ends that process, a fresh one measures the shorter length; results written."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, OUT=str(tmp_path), OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_torchtitan.py"), "--smoke", "--configs",
+                        "tt_ac_none", "--seqs", "32,64", "--fake-oom-above", "32", "--budget-s", "300"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    res = json.loads((tmp_path / "bench_torchtitan.json").read_text())["results"][0]
+    assert "error" not in res, res
+    assert [(r["seq"], r["status"]) for r in res["runs"]] == [(64, "oom"), (32, "ok")]
+    ok = res["runs"][1]
+    assert ok["tokens_per_s"] > 0 and len(ok["losses"]) == 3 and all(6 < x < 9 for x in ok["losses"])
+    assert res["loss"].startswith("torchtitan ChunkedLossWrapper")
+    assert "| tt_ac_none | " in (tmp_path / "bench_torchtitan.md").read_text()
