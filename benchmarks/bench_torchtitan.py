@@ -4,11 +4,11 @@ Every configuration runs in its own process (fresh allocator, fresh compile cach
 pieces: ``model_registry(flavor, converters=[...])``, its ActivationCheckpointing policies, its
 ``apply_fsdp_to_decoder`` (FSDP2 world size 1, bf16 params, fp32 reduce; what ``parallelize_llama``
 does), ``apply_compile`` for float8, and its ``ChunkedLossWrapper`` cross-entropy. Same seed, data,
-batch, steps and sequence lengths for all; for each configuration the sequence lengths are tried in
-increasing order until one runs out of memory, which gives the longest sequence that fits (on this
-ladder). Writes ``$OUT/bench_torchtitan.json`` and ``$OUT/bench_torchtitan.md``.
+batch, steps and sequence lengths for all; for each configuration the sequence lengths are tried
+longest first, so the first that runs is the longest that fits (on this ladder). Writes
+``$OUT/bench_torchtitan.json`` and ``$OUT/bench_torchtitan.md``.
 
-    python3 benchmarks/bench_torchtitan.py                      # H200: Llama-3-8B layer shape
+    python3 benchmarks/bench_torchtitan.py --budget-s 210       # H200: Llama-3-8B layer shape
     python3 benchmarks/bench_torchtitan.py --smoke              # CPU, gloo, torchtitan's debugmodel
 
 Deviations from torchtitan's own launcher, each for a stated reason:
@@ -19,9 +19,18 @@ Deviations from torchtitan's own launcher, each for a stated reason:
 - ``--layers`` (default 8) of the 8B model's 32 layers: with fp32 master weights and AdamW state
   (16 B/parameter) the full 8B model's states alone exceed one H200; activation memory per layer is
   what the configurations differ in, and it is the same per layer at any depth.
-- On torch < 2.13 ``torch.distributed.fsdp.DataParallelMeshDims`` (imported at module level by
+- On torch < 2.12 ``torch.distributed.fsdp.DataParallelMeshDims`` (imported at module level by
   torchtitan 0.3.0, used only by its full-DTensor mode, which this script does not use) is given a
-  placeholder so that torchtitan imports.
+  placeholder so that torchtitan imports (``agoq_core.integrations.torchtitan.torch_compat``).
+- On a torch whose FSDP2 lacks partly-run groups (2.11, 2.12; see ``fsdp_groups_partial_forward``)
+  torchtitan's ``fully_shard([norm, lm_head])`` becomes two FSDP units, for every configuration alike:
+  without it the chunked loss frees ``norm.weight`` before the decoder's backward reads it. Each result
+  records the grouping (``fsdp_norm_lm_head``) and the loss.
+- float8 keeps ``lm_head`` in bf16 (``filter_fqns=["lm_head"]``, torchtitan's llama3_405b recipe).
+- Lengths run longest first (``--seqs``, default 16k/32k/64k), 1 warm-up + 2 timed steps each; a new
+  process after each out-of-memory; each configuration gets a share of ``--budget-s`` (float8 1.5x, it
+  compiles) and skips lengths predicted not to finish in it. The JSON is rewritten after every
+  configuration, so a run stopped from outside keeps what it measured.
 - LAAQ+QuanGrad at FSDP world size 1: FSDP2 does not call its reduce-scatter at world size 1, so this
   row measures the converter's installation only; the counters in the JSON say 0 compressed buckets.
 """

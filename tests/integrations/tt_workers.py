@@ -83,7 +83,8 @@ def chunked_train(rank: int, world: int, mode: str) -> dict:
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
-    full = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for n, p in model.named_parameters()}
+    full = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+            for n, p in model.named_parameters()}
     return {"losses": losses, "params": full}
 
 
