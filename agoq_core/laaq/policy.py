@@ -9,7 +9,9 @@
 
 Per decoder layer: ``bf16`` leaves it as is; ``laaq:FMT`` runs ``laaq.apply`` on that layer alone (every
 quantized role in FMT, the attention core 16-bit); ``ckpt`` wraps it in torch's ``checkpoint_wrapper``
-(non-reentrant torch.utils.checkpoint); ``qckpt:FMT`` wraps it in :class:`QuantizedCheckpoint`. Wrappers
+(non-reentrant torch.utils.checkpoint); ``sac`` wraps it the same way with torchtitan's op-level selective
+checkpointing policy (:func:`sac_context_fn`: the outputs of every other GEMM and of the attention kernel are
+kept, the rest recomputed); ``qckpt:FMT`` wraps it in :class:`QuantizedCheckpoint`. Wrappers
 keep state_dict keys (parameter names seen from the root gain ``_checkpoint_wrapped_module.``, as with
 torch's checkpoint_wrapper). With a plan made for the chunked loss, the final norm is
 converted too (LAAQ nf4), so ``chunked_linear_cross_entropy(model.model(ids).last_hidden_state, ...)``
@@ -24,9 +26,43 @@ import torch.nn as nn
 
 from agoq_core.errors import AgoqError
 
-__all__ = ["apply_policy", "PolicyReport", "decoder_layers"]
+__all__ = ["apply_policy", "PolicyReport", "decoder_layers", "sac_context_fn"]
 
 _ATTR = "_agoq_policy_report"
+
+
+def sac_context_fn():
+    """torchtitan's op-level selective-checkpointing policy (torchtitan 0.3,
+    ``distributed/activation_checkpoint.py``, ``_apply_op_sac``), for ``checkpoint(..., context_fn=...)``:
+    keep the outputs of aten.mm -- every other one, counted per layer -- and of the SDPA kernels (and
+    aten.max, reduce-scatter), recompute everything else. Re-stated so no torchtitan install is needed."""
+    from collections import defaultdict
+
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    ops = torch.ops.aten
+    save = {ops.mm.default, ops._scaled_dot_product_efficient_attention.default,
+            ops._scaled_dot_product_flash_attention.default, ops.max.default}
+    for name in ("_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu"):
+        if hasattr(ops, name):
+            save.add(getattr(ops, name).default)
+    if hasattr(torch.ops, "_c10d_functional"):
+        save.add(torch.ops._c10d_functional.reduce_scatter_tensor.default)
+
+    def context_fn():
+        meta: dict = defaultdict(int)
+
+        def policy(ctx, func, *args, **kwargs):
+            key = f"{'recompute' if ctx.is_recompute else 'forward'}_mm_count"
+            if func == ops.mm.default:
+                meta[key] += 1
+            keep = func in save and not (func == ops.mm.default and meta[key] % 2 == 0)
+            return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+        return create_selective_checkpoint_contexts(policy)
+
+    return context_fn
 
 
 def decoder_layers(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
@@ -47,9 +83,13 @@ class PolicyReport:
     choices: tuple[str, ...]
     laaq_reports: list = field(default_factory=list, repr=False)
     _wrapped: list = field(default_factory=list, repr=False)
+    _compiled: list = field(default_factory=list, repr=False)
     _model: Any = field(default=None, repr=False)
 
     def undo(self) -> None:
+        for mod in self._compiled:
+            mod._compiled_call_impl = None  # what nn.Module.compile set
+        self._compiled.clear()
         for rep in reversed(self.laaq_reports):
             rep.undo()
         self.laaq_reports.clear()
@@ -68,10 +108,12 @@ class PolicyReport:
 
 
 def apply_policy(model: nn.Module, plan: Any, *, convert_final_norm: bool | None = None,
-                 backend: str | None = None) -> PolicyReport:
+                 backend: str | None = None, compile_backend: str = "inductor") -> PolicyReport:
     """Apply ``plan`` (a BudgetPlan, or one option name per decoder layer) to ``model``; returns the report.
 
-    ``convert_final_norm``: default True when the plan is for the chunked loss."""
+    ``convert_final_norm``: default True when the plan is for the chunked loss. Options whose kind ends in
+    ``-c`` (``bf16-c``, ``sac-c``, ``laaq-c:nf4``) are also ``torch.compile``'d, layer by layer, with
+    ``compile_backend`` (LAAQ's own autograd functions still run eagerly inside a compiled layer)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
     from agoq_core.laaq.config import LAAQConfig
@@ -94,16 +136,23 @@ def apply_policy(model: nn.Module, plan: Any, *, convert_final_norm: bool | None
     report = PolicyReport(choices=tuple(k if f is None else f"{k}:{f}" for k, f in parsed))
     try:
         for i, ((parent, attr, layer), (kind, fmt)) in enumerate(zip(layers, parsed)):
+            compiled = kind.endswith("-c")
+            kind = kind[:-2] if compiled else kind
             if kind == "laaq":
                 cfg = LAAQConfig(norm_input=fmt, mlp_act_input=fmt, attn_out_input=fmt, linear_input=fmt,
                                  convert_final_norm=False, backend=backend)
                 report.laaq_reports.append(laaq_apply(layer, cfg))
-            elif kind == "ckpt":
-                parent._modules[attr] = checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+            elif kind in ("ckpt", "sac"):
+                kw = {"context_fn": sac_context_fn()} if kind == "sac" else {}
+                parent._modules[attr] = checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT, **kw)
                 report._wrapped.append((parent, attr, layer))
             elif kind == "qckpt":
                 parent._modules[attr] = QuantizedCheckpoint(layer, fmt, layer_index=i, backend=backend)
                 report._wrapped.append((parent, attr, layer))
+            if compiled:
+                mod = parent._modules[attr]
+                mod.compile(backend=compile_backend)
+                report._compiled.append(mod)
         want_final = convert_final_norm if convert_final_norm is not None else getattr(plan, "loss", "") == "chunked"
         if want_final:
             norm = getattr(getattr(model, "model", model), "norm", None)

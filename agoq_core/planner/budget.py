@@ -18,9 +18,16 @@ option            what the layer keeps for backward                      extra t
 ================  ====================================================  =================================
 ``bf16``          everything HF keeps (``hf_plain_layer_bytes``)         none
 ``laaq:FMT``      LAAQ (paper policy, every quantized role in FMT)       codecs + norm/SwiGLU recompute
+``sac``           input + every other GEMM output + attention output     3 of 7 GEMMs + elementwise again
+                  (torchtitan's op-level selective checkpointing)
 ``ckpt``          its bf16 input (torch.utils.checkpoint)                one more forward of the layer
 ``qckpt:FMT``     its input in FMT (QuantizedCheckpoint)                 one more forward + input codec
 ================  ====================================================  =================================
+
+A kind ending in ``-c`` (``bf16-c``, ``sac-c``, ``laaq-c:nf4``, ...) is the same layer ``torch.compile``'d;
+its costs must be measured (``measured=``; ``benchmarks/bench_layer_profile.py`` measures every option of
+one layer at a sequence length), as may any other option's: then the plan is made from measured per-layer
+costs, not from the model.
 
 Memory (peak allocated bytes of a training step, batch ``b`` x sequence ``S`` = ``T`` tokens)::
 
@@ -59,7 +66,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Literal, Mapping, Sequence
 
 from agoq_core.formats.spec import get_format
 from agoq_core.planner.errors import BudgetError, PlannerError
@@ -68,7 +75,7 @@ from agoq_core.planner.model import TransformerShape, model_shape
 
 __all__ = ["plan_budget", "BudgetPlan", "LayerOption", "layer_options", "solve_budget", "HeadCost", "head_cost",
            "DEFAULT_OPTIONS", "parse_option", "BUDGET_STATIC", "LAAQ_TRANSIENT_FIT", "plan_for_choices",
-           "sequence_peak"]
+           "sequence_peak", "option_name"]
 
 Loss = Literal["chunked", "hf"]
 
@@ -122,20 +129,28 @@ class HeadCost:
 
 
 def parse_option(name: str) -> tuple[str, str | None]:
-    """``"laaq:int5"`` -> ("laaq", "int5"); checks the kind and the format."""
+    """``"laaq:int5"`` -> ("laaq", "int5"); checks the kind and the format. A kind may end in ``-c``
+    (``bf16-c``, ``sac-c``, ``laaq-c:nf4``): the layer is torch.compile'd (such options need measured costs,
+    ``plan_budget(measured=...)``: the analytic time model is for eager layers)."""
     if not isinstance(name, str):
         raise PlannerError(f"a budget option must be a string like 'laaq:nf4', got {name!r}")
     kind, _, fmt = name.strip().lower().partition(":")
-    if kind in ("bf16", "ckpt"):
+    base = kind[:-2] if kind.endswith("-c") else kind
+    if base in ("bf16", "ckpt", "sac"):
         if fmt:
-            raise PlannerError(f"option {name!r}: {kind} takes no format")
+            raise PlannerError(f"option {name!r}: {base} takes no format")
         return kind, None
-    if kind in ("laaq", "qckpt"):
+    if base in ("laaq", "qckpt"):
         if not fmt:
             raise PlannerError(f"option {name!r} needs a format, e.g. {kind}:nf4")
         return kind, check_candidates([fmt])[0]
-    raise PlannerError(f"unknown budget option {name!r}; options are bf16, ckpt, laaq:FMT, qckpt:FMT "
-                       f"(FMT an activation format), default {','.join(DEFAULT_OPTIONS)}")
+    raise PlannerError(f"unknown budget option {name!r}; options are bf16, ckpt, sac, laaq:FMT, qckpt:FMT "
+                       f"(FMT an activation format; a kind ending in -c is compiled), default "
+                       f"{','.join(DEFAULT_OPTIONS)}")
+
+
+def option_name(kind: str, fmt: str | None) -> str:
+    return kind if fmt is None else f"{kind}:{fmt}"
 
 
 def _dev(device):
@@ -145,8 +160,13 @@ def _dev(device):
 
 
 def layer_options(shape: TransformerShape, *, seq_len: int, batch: int = 1, device="H200",
-                  options: Sequence[str] = DEFAULT_OPTIONS) -> list[LayerOption]:
-    """Bytes and seconds of each option for one decoder layer of ``shape``."""
+                  options: Sequence[str] = DEFAULT_OPTIONS, measured: Mapping[str, Mapping] | None = None
+                  ) -> list[LayerOption]:
+    """Bytes and seconds of each option for one decoder layer of ``shape``.
+
+    ``measured``: option name -> ``{"saved_bytes", "transient_bytes", "time_s"}`` measured for one layer at
+    this sequence length and batch (``benchmarks/bench_layer_profile.py`` writes them under ``costs``);
+    those replace the model's numbers. Compiled options (``-c``) exist only measured."""
     from agoq_core.scale import compute as C
     from agoq_core.scale.memory import hf_plain_layer_bytes
 
@@ -167,11 +187,24 @@ def layer_options(shape: TransformerShape, *, seq_len: int, batch: int = 1, devi
     fmts = sorted({f for k, f in names if k == "laaq"})
     table = ActivationCostTable.from_formula(shape, tokens=T, formats=fmts, seq_len=S) if fmts else None
     out, seen = [], set()
+    measured = {option_name(*parse_option(k)): v for k, v in (measured or {}).items()}
     for kind, fmt in names:
-        name = kind if fmt is None else f"{kind}:{fmt}"
+        name = option_name(kind, fmt)
         if name in seen:
             continue
         seen.add(name)
+        if name in measured:
+            m = measured[name]
+            try:
+                out.append(LayerOption(name, int(m["saved_bytes"]), int(m["transient_bytes"]), float(m["time_s"])))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise PlannerError(f"measured costs for {name!r} need saved_bytes, transient_bytes and time_s "
+                                   f"(numbers), got {m!r}") from exc
+            continue
+        if kind.endswith("-c"):
+            raise PlannerError(f"option {name!r} (compiled) has no analytic time model; give its measured per-layer "
+                               f"costs (plan_budget(measured=...), from benchmarks/bench_layer_profile.py) or use "
+                               f"{option_name(kind[:-2], fmt)!r}")
         if kind == "bf16":
             out.append(LayerOption(name, plain, work, base))
         elif kind == "laaq":
@@ -179,6 +212,15 @@ def layer_options(shape: TransformerShape, *, seq_len: int, batch: int = 1, devi
             out.append(LayerOption(name, table.bytes_for(fmt), laaq_work, base + lf + lb))
         elif kind == "ckpt":
             out.append(LayerOption(name, 2 * T * h, plain + work, base + recompute))
+        elif kind == "sac":
+            # torchtitan's op-level SAC on an HF Llama layer (agoq_core.laaq.policy.sac_context_fn): keeps the
+            # layer input, the outputs of mm 1, 3, 5, 7 of q, k, v, o, gate, up, down (q, v, gate, down) and
+            # SDPA's output + fp32 logsumexp; recomputes k, o and up and every elementwise op
+            kv = shape.kv_dim
+            sac = 2 * T * (4 * h + kv + i) + 4 * T * shape.heads
+            frac = (h * kv + h * h + h * i) / (2 * h * h + 2 * h * kv + 3 * h * i)
+            out.append(LayerOption(name, sac, max(0, plain - sac + 2 * T * h) + work,
+                                   base + frac * lc.gemm_fwd + lc.elementwise_fwd + dev.layer_overhead_s / 3))
         else:  # qckpt: the input in fmt, dequantized (2 B x T x h) while the layer is recomputed
             codec = C._codec_s(dev, "quantize", fmt, T * h) + C._codec_s(dev, "dequantize", fmt, T * h)
             out.append(LayerOption(name, get_format(fmt).storage_bytes(T * h), plain + work + 2 * T * h,
@@ -452,11 +494,13 @@ def _ranges(xs: Sequence[int]) -> str:
 
 def plan_budget(model: object, *, budget: int | str, seq_len: int, batch: int = 1, device="H200",
                 options: Sequence[str] | str = DEFAULT_OPTIONS, loss: Loss = "chunked", headroom: float = 0.02,
-                static: StaticMemoryConfig = BUDGET_STATIC) -> BudgetPlan:
+                static: StaticMemoryConfig = BUDGET_STATIC, measured: Mapping[str, Mapping] | None = None
+                ) -> BudgetPlan:
     """The per-layer mix with the highest predicted tokens/s whose predicted peak fits ``budget``.
 
     ``model``: a preset name, a TransformerShape or an HF config/model. ``budget``: bytes or a string
     (``"80GiB"``) of memory the process may allocate; ``headroom`` of it is left for the allocator.
+    ``measured``: per-layer costs measured at this sequence length (see :func:`layer_options`).
     Raises BudgetError naming the smallest budget that fits when nothing does."""
     from agoq_core.planner.explain import fmt_bytes, parse_bytes
     from agoq_core.scale import compute as C
@@ -477,7 +521,7 @@ def plan_budget(model: object, *, budget: int | str, seq_len: int, batch: int = 
                            f"(default {','.join(DEFAULT_OPTIONS)})")
     dev = _dev(device)
     T = seq_len * batch
-    opts = layer_options(shape, seq_len=seq_len, batch=batch, device=dev, options=options)
+    opts = layer_options(shape, seq_len=seq_len, batch=batch, device=dev, options=options, measured=measured)
     head = head_cost(shape, seq_len=seq_len, batch=batch, device=dev, loss=loss)
     params = _params(shape)
     st = static_bytes(params, static)
@@ -523,7 +567,7 @@ def _peak_note(picked: Sequence[LayerOption], floor: int) -> str:
 
 def plan_for_choices(model: object, choices: Sequence[str], *, seq_len: int, batch: int = 1, device="H200",
                      loss: Loss = "chunked", static: StaticMemoryConfig = BUDGET_STATIC,
-                     budget: int | str | None = None) -> BudgetPlan:
+                     budget: int | str | None = None, measured: Mapping[str, Mapping] | None = None) -> BudgetPlan:
     """The predicted peak and step time of a given per-layer mix, in the given layer order (e.g. a plan
     recorded by a benchmark, or ``["laaq:nf4"] * 32``); nothing is solved. ``budget`` only fills the
     plan's budget fields (default: the predicted peak)."""
@@ -533,9 +577,10 @@ def plan_for_choices(model: object, choices: Sequence[str], *, seq_len: int, bat
     shape = model_shape(model)
     if len(choices) != shape.layers:
         raise PlannerError(f"{len(choices)} choices for {shape.layers} decoder layers of {shape.name}")
-    names = [(lambda kf: kf[0] if kf[1] is None else f"{kf[0]}:{kf[1]}")(parse_option(c)) for c in choices]
+    names = [option_name(*parse_option(c)) for c in choices]
     dev = _dev(device)
-    opts = layer_options(shape, seq_len=seq_len, batch=batch, device=dev, options=list(dict.fromkeys(names)))
+    opts = layer_options(shape, seq_len=seq_len, batch=batch, device=dev, options=list(dict.fromkeys(names)),
+                         measured=measured)
     by = {o.name: o for o in opts}
     picked = [by[n] for n in names]
     head = head_cost(shape, seq_len=seq_len, batch=batch, device=dev, loss=loss)
