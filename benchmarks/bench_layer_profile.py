@@ -21,7 +21,10 @@ Methods (``--methods``):
   ckpt, ckpt-c      full checkpointing (non-reentrant checkpoint_wrapper)
   laaq:F, laaq-c:F  LAAQ on this layer, every role in format F (nf4, int8, ...); -c compiles around it
   qckpt:F           QuantizedCheckpoint (layer input kept in F, layer recomputed)
-  fp8-c, fp8-sac-c  torchao float8 (tensorwise) Linears, compiled; + SAC (CUDA SM89+ only)
+  fp8-M             torchao float8 (tensorwise) on every Linear, then method M (fp8-bf16-c, fp8-sac-c: the
+                    issue's bar, compiled float8 + SAC); CUDA SM89+, emulated on CPU
+  fp8attn+M         float8 on q/k/v/o only, then M (fp8attn+laaq-c:nf4: LAAQ on the norms and the MLP of the
+                    same layer -- LAAQ cannot convert a Float8Linear, which keeps its own bf16 input)
 
 Then a delta table: each method against compiled SAC, per kernel group, so the gap reads as "x ms more GEMM
 (recomputed), y ms codecs, z ms unfused norms, w ms idle".
@@ -47,8 +50,12 @@ _HERE = Path(__file__).resolve().parent
 _ROOT = _HERE.parent
 K = 1024
 
-QUICK_METHODS = ("bf16", "bf16-c", "sac-c", "ckpt", "laaq:nf4", "laaq-c:nf4", "laaq:int8", "qckpt:nf4")
-SMOKE_METHODS = ("bf16", "bf16-c", "sac", "sac-c", "ckpt", "laaq:nf4", "laaq-c:nf4", "laaq:int8", "qckpt:nf4")
+#: Most informative first (a time budget may cut the tail): the gap (LAAQ vs compiled SAC), the ceiling
+#: (compiled plain: what no recomputation at all would give), the compiled-float8 bar, then the rest.
+QUICK_METHODS = ("bf16", "sac-c", "laaq:nf4", "bf16-c", "laaq-c:nf4", "fp8-sac-c", "fp8attn+laaq-c:nf4", "ckpt",
+                 "qckpt:nf4", "laaq:int8")
+SMOKE_METHODS = ("bf16", "bf16-c", "sac", "sac-c", "ckpt", "laaq:nf4", "laaq-c:nf4", "laaq:int8", "qckpt:nf4",
+                 "fp8-sac-c", "fp8attn+laaq-c:nf4")
 GROUPS = ("gemm", "attention", "codec", "elementwise", "copy", "other")
 """Kernel groups. ``copy`` includes eager dtype casts (HF's RMSNorm upcasts to fp32: direct_copy kernels);
 ``elementwise`` the rest of ATen's pointwise/reduction kernels and every inductor-generated kernel."""
@@ -179,21 +186,34 @@ class _Captured(Exception):
 
 
 def make(method: str, base, compile_backend: str):
-    """A fresh copy of ``base`` turned into ``method`` (a module called like the layer)."""
+    """A fresh copy of ``base`` turned into ``method`` (a module called like the layer).
+
+    ``fp8-`` before a method puts torchao float8 (tensorwise) on every Linear first, ``fp8attn+`` on the
+    attention projections only (q, k, v, o: LAAQ then converts the norms and the SwiGLU MLP, whose Linears
+    stay bf16 -- LAAQ leaves a Float8Linear unconverted, it keeps its own bf16 input). On CPU float8 runs
+    torchao's emulation (Float8LinearConfig(emulate=True))."""
     import torch.nn as nn
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
     from agoq_core.laaq.policy import sac_context_fn
 
     layer = copy.deepcopy(base)
+    fp8 = None
+    if method.startswith("fp8attn+"):
+        fp8, method = "attn", method[len("fp8attn+"):]
+    elif method.startswith("fp8-"):
+        fp8, method = "all", method[len("fp8-"):]
     kind, _, fmt = method.partition(":")
     compiled = kind.endswith("-c")
     kind = kind[:-2] if compiled else kind
-    if kind in ("fp8", "fp8-sac"):
-        from torchao.float8 import convert_to_float8_training
+    if fp8:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-        convert_to_float8_training(layer, module_filter_fn=lambda m, fqn: isinstance(m, nn.Linear))
-        kind = "sac" if kind == "fp8-sac" else "bf16"
+        cpu = next(layer.parameters()).device.type == "cpu"
+        attn = ("q_proj", "k_proj", "v_proj", "o_proj")
+        convert_to_float8_training(
+            layer, config=Float8LinearConfig(emulate=cpu),
+            module_filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and (fp8 == "all" or fqn.split(".")[-1] in attn))
     if kind == "bf16":
         mod = layer
     elif kind == "ckpt":
@@ -204,9 +224,10 @@ def make(method: str, base, compile_backend: str):
         from agoq_core.laaq.config import LAAQConfig
         from agoq_core.laaq.integrate import apply as laaq_apply
 
-        laaq_apply(layer, LAAQConfig(norm_input=fmt, mlp_act_input=fmt, attn_out_input=fmt, linear_input=fmt,
-                                     convert_final_norm=False))
+        rep = laaq_apply(layer, LAAQConfig(norm_input=fmt, mlp_act_input=fmt, attn_out_input=fmt, linear_input=fmt,
+                                           convert_final_norm=False))
         mod = layer
+        mod.__dict__["_agoq_profile_skipped"] = [f"{k.path}: {k.reason}" for k in getattr(rep, "skipped", [])]
     elif kind == "qckpt":
         from agoq_core.laaq.qcheckpoint import QuantizedCheckpoint
 
@@ -297,6 +318,8 @@ def measure(method, base, args_, kw, hidden, seq, *, device, reps, warmup, compi
     res = {"method": method, "seq": seq, "fwd_ms": statistics.median(fw), "bwd_ms": statistics.median(bw),
            "first_s": round(first_s, 2), "saved_bytes": saved, "transient_bytes": transient}
     res["ms"] = res["fwd_ms"] + res["bwd_ms"]
+    if mod.__dict__.get("_agoq_profile_skipped"):
+        res["laaq_skipped"] = mod.__dict__["_agoq_profile_skipped"]
     if profile:
         from torch.profiler import ProfilerActivity
         from torch.profiler import profile as tprofile
@@ -323,18 +346,18 @@ def measure(method, base, args_, kw, hidden, seq, *, device, reps, warmup, compi
 # ============================================================ report
 def table(rows, ref="sac-c") -> str:
     gb = 1e9
-    lines = [f"{'method':<13} {'seq':>6} {'fwd ms':>8} {'bwd ms':>8} {'total':>8} "
+    lines = [f"{'method':<20} {'seq':>6} {'fwd ms':>8} {'bwd ms':>8} {'total':>8} "
              + " ".join(f"{g[:9]:>9}" for g in GROUPS) + f" {'idle':>7} {'+bwGEMM':>7} {'saved GB':>9} {'trans GB':>9}"]
     for r in rows:
         if r.get("failed") or r.get("oom"):
-            lines.append(f"{r['method']:<13} {r['seq']:>6}  {'OOM' if r.get('oom') else 'failed'}: "
+            lines.append(f"{r['method']:<20} {r['seq']:>6}  {'OOM' if r.get('oom') else 'failed'}: "
                          f"{(r.get('failed') or r.get('error') or '')[:80]}")
             continue
         grp = {g: r.get("fwd_groups_ms", {}).get(g, 0) + r.get("bwd_groups_ms", {}).get(g, 0) for g in GROUPS}
         sv = f"{r['saved_bytes'] / gb:.3f}" if r.get("saved_bytes") is not None else "-"
         tr = f"{r['transient_bytes'] / gb:.3f}" if r.get("transient_bytes") is not None else "-"
         idle = f"{r['idle_ms']:.1f}" if r.get("idle_ms") is not None else "-"
-        lines.append(f"{r['method']:<13} {r['seq']:>6} {r['fwd_ms']:>8.1f} {r['bwd_ms']:>8.1f} {r['ms']:>8.1f} "
+        lines.append(f"{r['method']:<20} {r['seq']:>6} {r['fwd_ms']:>8.1f} {r['bwd_ms']:>8.1f} {r['ms']:>8.1f} "
                      + " ".join(f"{grp[g]:>9.1f}" for g in GROUPS)
                      + f" {idle:>7} {r.get('recomputed_gemms', '-'):>7} {sv:>9} {tr:>9}")
     return "\n".join(lines)
@@ -374,17 +397,52 @@ def explain(rows, ref="sac-c") -> list[dict]:
     return out
 
 
-def explain_text(ex) -> str:
+def ceilings(rows, ref="sac-c") -> list[dict]:
+    """Per length: compiled plain (nothing recomputed, nothing quantized) against ``ref`` per layer -- the most
+    any memory-saving method could gain over ``ref`` at that length, whatever memory it frees."""
+    out = []
+    for seq in sorted({r["seq"] for r in rows}):
+        here = {r["method"]: r for r in rows if r["seq"] == seq and "ms" in r}
+        if "bf16-c" in here and ref in here:
+            out.append({"seq": seq, "ref": ref, "ref_ms": here[ref]["ms"], "bf16-c_ms": here["bf16-c"]["ms"],
+                        "ceiling": here[ref]["ms"] / here["bf16-c"]["ms"]})
+    return out
+
+
+def planner_check(rows, smoke: bool) -> None:
+    """Next to each measured eager row, the planner's per-layer bytes (agoq_core.planner.budget.layer_options)."""
+    from agoq_core.models import get_model_shape
+    from agoq_core.planner.budget import layer_options, parse_option
+
+    shape = get_model_shape("micro").replace(layers=1, intermediate=352) if smoke else get_model_shape("llama2-7b")
+    for r in rows:
+        if "ms" not in r or "+" in r["method"] or r["method"].startswith("fp8"):
+            continue
+        try:
+            kind, fmt = parse_option(r["method"])
+        except Exception:  # noqa: BLE001 - not a planner option
+            continue
+        name = (kind[:-2] if kind.endswith("-c") else kind) + (f":{fmt}" if fmt else "")
+        (o,) = layer_options(shape, seq_len=r["seq"], options=[name])
+        r["planner_saved_bytes"], r["planner_transient_bytes"], r["planner_ms"] = (
+            o.saved_bytes, o.transient_bytes, o.time_s * 1e3)
+
+
+def explain_text(ex, ceil=()) -> str:
     if not ex:
         return "(no reference rows to compare against)"
     keys = list(GROUPS) + (["idle"] if any("idle" in e["delta_ms"] for e in ex) else [])
     lines = [f"per layer, method minus {ex[0]['vs']} (ms, forward + backward; + = slower):",
-             f"{'method':<13} {'seq':>6} {'total':>8} {'speed':>6} " + " ".join(f"{k[:9]:>9}" for k in keys)
+             f"{'method':<20} {'seq':>6} {'total':>8} {'speed':>6} " + " ".join(f"{k[:9]:>9}" for k in keys)
              + f" {'saved x':>8}"]
     for e in ex:
         sv = f"{e['saved_ratio']:.2f}" if e.get("saved_ratio") else "-"
-        lines.append(f"{e['method']:<13} {e['seq']:>6} {e['total_ms']:>+8.1f} {e['ratio'] or 0:>6.3f} "
+        lines.append(f"{e['method']:<20} {e['seq']:>6} {e['total_ms']:>+8.1f} {e['ratio'] or 0:>6.3f} "
                      + " ".join(f"{e['delta_ms'].get(k, 0):>+9.1f}" for k in keys) + f" {sv:>8}")
+    for c in ceil:
+        lines.append(f"ceiling at {c['seq']}: compiled plain is {c['ceiling']:.3f}x {c['ref']} per layer "
+                     f"({c['bf16-c_ms']:.1f} vs {c['ref_ms']:.1f} ms): no method that only changes what is kept "
+                     f"for backward can beat {c['ref']} by more at this length")
     return "\n".join(lines)
 
 
@@ -458,11 +516,17 @@ def run(argv=None) -> dict:
                 torch.cuda.empty_cache()
         del base
     add_recompute(rows)
-    ex = explain(rows, a.ref)
-    report = {"meta": _environment(device, a), "rows": rows, "explain": ex, "costs": costs(rows),
+    planner_check(rows, a.smoke)
+    ex, ceil = explain(rows, a.ref), ceilings(rows, a.ref)
+    report = {"meta": _environment(device, a), "rows": rows, "explain": ex, "ceilings": ceil, "costs": costs(rows),
               "skipped": skipped, "wall_s": round(time.time() - t0, 1)}
     print(table(rows))
-    print(explain_text(ex))
+    print(explain_text(ex, ceil))
+    for r in rows:
+        if r.get("saved_bytes") is not None and r.get("planner_saved_bytes"):
+            print(f"planner vs measured, {r['method']} @ {r['seq']}: saved {r['planner_saved_bytes'] / 1e9:.3f} vs "
+                  f"{r['saved_bytes'] / 1e9:.3f} GB, transient {r['planner_transient_bytes'] / 1e9:.3f} vs "
+                  f"{r['transient_bytes'] / 1e9:.3f} GB, {r['planner_ms']:.1f} vs {r['ms']:.1f} ms")
     for s in skipped:
         print("skipped (time budget):", s)
     path = a.json or (os.path.join(os.environ["OUT"], "bench_layer_profile.json") if os.environ.get("OUT") else None)
