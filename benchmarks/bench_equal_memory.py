@@ -182,7 +182,7 @@ def _optimizer(model, device):
         return torch.optim.AdamW(model.parameters(), lr=1e-5), f"torch.optim.AdamW (no 8-bit optimizer: {exc})"
 
 
-def _plan(cell, model, seq, options, loss, device, measured=None):
+def _plan(cell, model, seq, options, loss, device, measured=None, headroom=0.02):
     from agoq_core.planner.budget import plan_budget
 
     import torch
@@ -190,7 +190,7 @@ def _plan(cell, model, seq, options, loss, device, measured=None):
     from agoq_core.planner.errors import BudgetError
 
     kw = dict(seq_len=seq, batch=cell.get("batch", 1), options=options, loss=loss, device=cell.get("profile", "H200"),
-              measured=measured)
+              measured=measured, headroom=headroom)
     if cell["smoke"]:  # a tiny model fits any real budget: plan to the smallest of 16 budgets that fits
         hi = plan_budget(model.config, budget=1 << 50, **kw).peak_bytes
         plan = None
@@ -249,10 +249,21 @@ def _setup(model, config, seq, cell, device, state):
     elif base == "policy-m":
         from agoq_core.laaq.policy import apply_policy
 
-        measured = (cell.get("measured") or {}).get(str(seq))
+        from agoq_core.planner.budget import parse_option
+
+        def usable(name):  # the profile's float8 variants are not policy options (apply_policy has no float8)
+            try:
+                parse_option(name)
+                return True
+            except Exception:  # noqa: BLE001
+                return False
+
+        measured = {k: v for k, v in ((cell.get("measured") or {}).get(str(seq)) or {}).items() if usable(k)}
         analytic = "bf16,laaq:nf4,laaq:int8,sac,ckpt,qckpt:nf4,qckpt:int8"
         options = ",".join(dict.fromkeys(list(measured) + analytic.split(","))) if measured else analytic
-        plan = _plan(cell, model, seq, options, "chunked", device, measured=measured)
+        headroom = state.setdefault("headroom", 0.02)
+        plan = _plan(cell, model, seq, options, "chunked", device, measured=measured or None, headroom=headroom)
+        desc["headroom"] = headroom
         desc.update(mix=plan.mix, choices=list(plan.choices), predicted_peak_bytes=plan.peak_bytes,
                     predicted_step_s=plan.step_time_s, predicted_tokens_per_s=plan.tokens_per_s,
                     costs="measured (bench_layer_profile) + analytic for the rest" if measured else "analytic")
@@ -392,6 +403,9 @@ def run_cell(cell):
                     retry = True
                 elif base in ("liger", "fp8") and len(state.get("chain", [])) > 1:
                     state["chain"].pop(0)
+                    retry = True
+                elif base == "policy-m" and state.get("headroom", 1.0) < 0.09:
+                    state["headroom"] += 0.04  # measured costs can miss an allocator's slack: plan tighter once
                     retry = True
             results.append(res)
             if not retry:

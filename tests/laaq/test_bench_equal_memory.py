@@ -73,13 +73,14 @@ def test_quick_cells_and_cap_flag(bench):
 def test_policy_m_plans_with_measured_costs(bench):
     # made-up costs smaller and faster than every analytic option: the plan must take them
     measured = {"64": {"bf16-c": {"saved_bytes": 2_000, "transient_bytes": 1_000, "time_s": 1e-4},
-                       "sac": {"saved_bytes": 1_000, "transient_bytes": 1_000, "time_s": 2e-4}}}
+                       "sac": {"saved_bytes": 1_000, "transient_bytes": 1_000, "time_s": 2e-4},
+                       "fp8-sac-c": {"saved_bytes": 1, "transient_bytes": 1, "time_s": 1e-6}}}  # not an option
     rows = bench.run_cell(_cell("policy-m", [64, 128], measured=measured))
     r64, r128 = rows
     assert not r64.get("failed"), r64.get("traceback")
     assert r64["costs"].startswith("measured") and r128["costs"] == "analytic"
     assert set(r64["choices"]) <= {"bf16-c", "sac", "bf16", "laaq:nf4", "laaq:int8", "ckpt", "qckpt:nf4", "qckpt:int8"}
-    assert set(r64["choices"]) == {"bf16-c"}
+    assert set(r64["choices"]) == {"bf16-c"} and r64["headroom"] == 0.02
 
 
 def test_summary_longest_by_cap(bench):
