@@ -103,9 +103,7 @@ def _kernel_totals(prof, cuda: bool) -> tuple[dict, dict]:
         if cuda:
             if e.device_type != DeviceType.CUDA:
                 continue
-            us = getattr(e, "device_time_total", None)
-            if us is None:
-                us = e.cuda_time_total
+            us = e.time_range.elapsed_us()  # a device event's own duration (device_time_total is 0 if async)
             g = group_of(e.name)
         else:
             if e.device_type != DeviceType.CPU or not e.name.startswith("aten::"):
