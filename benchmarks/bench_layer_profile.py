@@ -20,6 +20,7 @@ Methods (``--methods``):
   sac, sac-c        torchtitan's op-level selective checkpointing (agoq_core.laaq.policy.sac_context_fn)
   ckpt, ckpt-c      full checkpointing (non-reentrant checkpoint_wrapper)
   laaq:F, laaq-c:F  LAAQ on this layer, every role in format F (nf4, int8, ...); -c compiles around it
+  laaq-mlp[-c]:F    LAAQ on the MLP half only (post-attention norm + gated MLP), attention half as is
   qckpt:F           QuantizedCheckpoint (layer input kept in F, layer recomputed)
   fp8-M             torchao float8 (tensorwise) on every Linear, then method M (fp8-bf16-c, fp8-sac-c: the
                     issue's bar, compiled float8 + SAC); CUDA SM89+, emulated on CPU
@@ -52,10 +53,10 @@ K = 1024
 
 #: Most informative first (a time budget may cut the tail): the gap (LAAQ vs compiled SAC), the ceiling
 #: (compiled plain: what no recomputation at all would give), the compiled-float8 bar, then the rest.
-QUICK_METHODS = ("bf16", "sac-c", "laaq:nf4", "bf16-c", "laaq-c:nf4", "fp8-sac-c", "fp8attn+laaq-c:nf4", "ckpt",
-                 "qckpt:nf4", "laaq:int8")
-SMOKE_METHODS = ("bf16", "bf16-c", "sac", "sac-c", "ckpt", "laaq:nf4", "laaq-c:nf4", "laaq:int8", "qckpt:nf4",
-                 "fp8-sac-c", "fp8attn+laaq-c:nf4")
+QUICK_METHODS = ("bf16", "sac-c", "laaq:nf4", "bf16-c", "laaq-c:nf4", "laaq-mlp-c:nf4", "fp8-sac-c",
+                 "fp8attn+laaq-c:nf4", "ckpt", "qckpt:nf4", "laaq:int8")
+SMOKE_METHODS = ("bf16", "bf16-c", "sac", "sac-c", "ckpt", "laaq:nf4", "laaq-c:nf4", "laaq-mlp-c:nf4", "laaq:int8",
+                 "qckpt:nf4", "fp8-sac-c", "fp8attn+laaq-c:nf4")
 GROUPS = ("gemm", "attention", "codec", "elementwise", "copy", "other")
 """Kernel groups. ``copy`` includes eager dtype casts (HF's RMSNorm upcasts to fp32: direct_copy kernels);
 ``elementwise`` the rest of ATen's pointwise/reduction kernels and every inductor-generated kernel."""
@@ -226,6 +227,11 @@ def make(method: str, base, compile_backend: str):
                                            convert_final_norm=False))
         mod = layer
         mod.__dict__["_agoq_profile_skipped"] = [f"{k.path}: {k.reason}" for k in getattr(rep, "skipped", [])]
+    elif kind == "laaq-mlp":
+        from agoq_core.laaq.policy import _laaq_mlp
+
+        _laaq_mlp(layer, 0, fmt, None)
+        mod = layer
     elif kind == "qckpt":
         from agoq_core.laaq.qcheckpoint import QuantizedCheckpoint
 

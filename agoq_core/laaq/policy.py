@@ -9,7 +9,8 @@
 
 Per decoder layer: ``bf16`` leaves it as is; ``laaq:FMT`` runs ``laaq.apply`` on that layer alone (every
 quantized role in FMT, the attention core 16-bit); ``ckpt`` wraps it in torch's ``checkpoint_wrapper``
-(non-reentrant torch.utils.checkpoint); ``sac`` wraps it the same way with torchtitan's op-level selective
+(non-reentrant torch.utils.checkpoint); ``laaq-mlp:FMT`` converts only the MLP half (post-attention norm and
+gated MLP; the attention half stays as it is); ``sac`` wraps it the same way with torchtitan's op-level selective
 checkpointing policy (:func:`sac_context_fn`: the outputs of every other GEMM and of the attention kernel are
 kept, the rest recomputed); ``qckpt:FMT`` wraps it in :class:`QuantizedCheckpoint`. Wrappers
 keep state_dict keys (parameter names seen from the root gain ``_checkpoint_wrapped_module.``, as with
@@ -63,6 +64,30 @@ def sac_context_fn():
         return create_selective_checkpoint_contexts(policy)
 
     return context_fn
+
+
+def _laaq_mlp(layer: nn.Module, index: int, fmt: str, backend: str | None) -> list:
+    """LAAQ on the MLP half of a decoder layer only (its post-attention norm keeps its input in ``fmt``, the
+    gated MLP its gate/up outputs); the attention half stays as it is."""
+    from agoq_core.laaq.config import LAAQConfig
+    from agoq_core.laaq.families import match_family
+    from agoq_core.laaq.integrate import _get, convert_norm, convert_swiglu
+
+    row = match_family(layer)
+    if row is None or not row.mlp or row.gate_up_proj or row.unsupported:
+        raise AgoqError(f"laaq-mlp: {type(layer).__name__} has no separate gate/up/down MLP LAAQ converts "
+                        f"({(row.mlp_note or row.unsupported or 'fused gate_up projection') if row else 'unknown family'}); "
+                        "use laaq:FMT for this layer")
+    cfg = LAAQConfig(norm_input=fmt, mlp_act_input=fmt, attn_out_input=fmt, linear_input=fmt, convert_final_norm=False,
+                     backend=backend)
+    reps = [convert_norm(_get(layer, row.post_norm), cfg, layer=index)]
+    try:
+        reps.append(convert_swiglu(_get(layer, row.mlp), cfg, gate=row.gate_proj, up=row.up_proj, down=row.down_proj,
+                                   act=row.act_fn, layer=index))
+    except BaseException:
+        reps[0].undo()
+        raise
+    return reps
 
 
 def decoder_layers(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
@@ -142,6 +167,8 @@ def apply_policy(model: nn.Module, plan: Any, *, convert_final_norm: bool | None
                 cfg = LAAQConfig(norm_input=fmt, mlp_act_input=fmt, attn_out_input=fmt, linear_input=fmt,
                                  convert_final_norm=False, backend=backend)
                 report.laaq_reports.append(laaq_apply(layer, cfg))
+            elif kind == "laaq-mlp":
+                report.laaq_reports.extend(_laaq_mlp(layer, i, fmt, backend))
             elif kind in ("ckpt", "sac"):
                 kw = {"context_fn": sac_context_fn()} if kind == "sac" else {}
                 parent._modules[attr] = checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT, **kw)

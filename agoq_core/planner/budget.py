@@ -18,6 +18,7 @@ option            what the layer keeps for backward                      extra t
 ================  ====================================================  =================================
 ``bf16``          everything HF keeps (``hf_plain_layer_bytes``)         none
 ``laaq:FMT``      LAAQ (paper policy, every quantized role in FMT)       codecs + norm/SwiGLU recompute
+``laaq-mlp:FMT``  attention half as bf16, MLP half as LAAQ                MLP codecs + norm/SwiGLU recompute
 ``sac``           input + every other GEMM output + attention output     3 of 7 GEMMs + elementwise again
                   (torchtitan's op-level selective checkpointing)
 ``ckpt``          its bf16 input (torch.utils.checkpoint)                one more forward of the layer
@@ -140,11 +141,11 @@ def parse_option(name: str) -> tuple[str, str | None]:
         if fmt:
             raise PlannerError(f"option {name!r}: {base} takes no format")
         return kind, None
-    if base in ("laaq", "qckpt"):
+    if base in ("laaq", "laaq-mlp", "qckpt"):
         if not fmt:
             raise PlannerError(f"option {name!r} needs a format, e.g. {kind}:nf4")
         return kind, check_candidates([fmt])[0]
-    raise PlannerError(f"unknown budget option {name!r}; options are bf16, ckpt, sac, laaq:FMT, qckpt:FMT "
+    raise PlannerError(f"unknown budget option {name!r}; options are bf16, ckpt, sac, laaq:FMT, laaq-mlp:FMT, qckpt:FMT "
                        f"(FMT an activation format; a kind ending in -c is compiled), default "
                        f"{','.join(DEFAULT_OPTIONS)}")
 
@@ -184,7 +185,7 @@ def layer_options(shape: TransformerShape, *, seq_len: int, batch: int = 1, devi
     rows = min(T, max(1, _SWIGLU_CHUNK_ELEMS // i))
     laaq_work = LAAQ_TRANSIENT_FIT[0] * rows * i + LAAQ_TRANSIENT_FIT[1] * T * h
     names = [parse_option(o) for o in options]
-    fmts = sorted({f for k, f in names if k == "laaq"})
+    fmts = sorted({f for k, f in names if k in ("laaq", "laaq-mlp")})
     table = ActivationCostTable.from_formula(shape, tokens=T, formats=fmts, seq_len=S) if fmts else None
     out, seen = [], set()
     measured = {option_name(*parse_option(k)): v for k, v in (measured or {}).items()}
@@ -210,6 +211,15 @@ def layer_options(shape: TransformerShape, *, seq_len: int, batch: int = 1, devi
         elif kind == "laaq":
             lf, lb = C.laaq_overhead(shape, T, dev, fmt, quantize_attn_out=False, elementwise="hf")
             out.append(LayerOption(name, table.bytes_for(fmt), laaq_work, base + lf + lb))
+        elif kind == "laaq-mlp":
+            # the MLP half of hf_plain_layer_bytes (post-norm fp32 input + normalized + rstd, the gate/up input,
+            # gate, up, silu(gate), down input) replaced by LAAQ's (post-norm input, gate and up in fmt)
+            spec = get_format(fmt)
+            mlp_plain = 6 * T * h + 4 * T + 2 * T * h + 8 * T * i
+            mlp_laaq = spec.storage_bytes(T * h) + 2 * spec.storage_bytes(T * i)
+            lf, lb = C.laaq_overhead(shape, T, dev, fmt, quantize_attn_out=False, elementwise="hf")
+            share = (h + 2 * i) / (2 * h + 2 * i)  # of LAAQ's codec and recompute work: one norm and the MLP
+            out.append(LayerOption(name, plain - mlp_plain + mlp_laaq, laaq_work, base + share * (lf + lb)))
         elif kind == "ckpt":
             out.append(LayerOption(name, 2 * T * h, plain + work, base + recompute))
         elif kind == "sac":

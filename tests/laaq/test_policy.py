@@ -116,7 +116,7 @@ def test_saved_bytes_measured_vs_predicted():
         return next(v for k, v in snap.items() if "ACT" in str(k))
 
     cfg = tiny_model("llama", layers=2, hidden=128, intermediate=344).config
-    names = ["ckpt", "qckpt:nf4", "qckpt:int8", "laaq:nf4", "laaq:int6"]
+    names = ["ckpt", "qckpt:nf4", "qckpt:int8", "laaq:nf4", "laaq:int6", "laaq-mlp:nf4"]
     opts = {o.name: o for o in layer_options(model_shape(cfg), seq_len=s, batch=b, options=["bf16", *names])}
     base = live(None)
     for name in names:
@@ -204,3 +204,22 @@ def test_plan_from_measured_costs_picks_the_measured_fastest():
         plan_budget(shape, budget="140GiB", seq_len=32768, options=["bf16-c", "ckpt"])
     with pytest.raises(PlannerError, match="need saved_bytes"):
         plan_budget(shape, budget="140GiB", seq_len=32768, options=["sac-c"], measured={"sac-c": {"time_s": 1}})
+
+
+def test_laaq_mlp_option_converts_only_the_mlp_half():
+    ids = batch(b=2, s=64)
+    ref = tiny_model("llama", layers=2, hidden=128, intermediate=344)
+    l0, g0 = grads(ref, ids)
+    model = tiny_model("llama", layers=2, hidden=128, intermediate=344)
+    rep = apply_policy(model, ["laaq-mlp:nf4", "laaq-mlp-c:int8"], convert_final_norm=False, compile_backend="eager")
+    layer = model.model.layers[0]
+    assert "forward" in layer.mlp.__dict__ and "forward" in layer.post_attention_layernorm.__dict__  # converted
+    assert "forward" not in layer.input_layernorm.__dict__ and "forward" not in layer.self_attn.q_proj.__dict__
+    l1, g1 = grads(model, ids)
+    assert torch.equal(l0, l1)  # the forward is the plain model's
+    assert max(rel_err(g0[n], g1[n]) for n in g0) <= 0.35
+    assert max(rel_err(g0[n], g1[n]) for n in g0 if "mlp" in n) > 0  # the MLP really kept 4/8-bit copies
+    rep.undo()
+    assert "forward" not in model.model.layers[0].mlp.__dict__
+    l2, g2 = grads(model, ids)
+    assert torch.equal(l0, l2) and all(torch.equal(g0[n], g2[n]) for n in g0)
