@@ -62,7 +62,7 @@ def test_summary_and_table(bench):
 def test_quick_cells_and_cap_flag(bench):
     cells = bench._cells(bench.parse(["--quick"]))
     assert [(c["config"], c["cap_bytes"] // (1 << 30)) for c in cells] == [cc for cc, _ in bench.QUICK_CELLS]
-    assert cells[0]["seqs"] == [32768, 65536] and cells[0]["batch"] == 1
+    assert cells[0]["seqs"] == [32768] and cells[2]["seqs"] == [32768, 65536] and cells[0]["batch"] == 1
     capped = bench._cells(bench.parse(["--cap-gib", "80", "--configs", "sac-c,policy-m", "--seqs", "8K,16K"]))
     assert [(c["config"], c["cap_bytes"], c["seqs"]) for c in capped] == [
         ("sac-c", 80 << 30, [8192, 16384]), ("policy-m", 80 << 30, [8192, 16384])]
