@@ -12,7 +12,7 @@ Configurations (``--configs``; ``-c`` = every decoder layer torch.compile'd, as 
   ckpt[-c]          full activation checkpointing (torch checkpoint_wrapper, non-reentrant, every layer)
   partial[-c]       the fewest checkpointed layers that fit (first guess from agoq_core.planner.budget with
                     bf16/ckpt only, then more layers on OOM, in the same process)
-  sac[-c]           op-level selective checkpointing as torchtitan configures it (save mm -- every other
+  sac[-c]           op-level selective checkpointing as torchtitan 0.3 configures it (save mm -- every other
                     one -- and SDPA outputs; torchtitan.distributed.activation_checkpoint._apply_op_sac)
   offload           saved tensors on the CPU (torch.autograd.graph.save_on_cpu, pinned)
   liger             Liger-Kernel (RMSNorm, SwiGLU, RoPE, fused linear CE) + the fastest of none/sac/partial/ckpt

@@ -34,31 +34,44 @@ _ATTR = "_agoq_policy_report"
 
 def sac_context_fn():
     """torchtitan's op-level selective-checkpointing policy (torchtitan 0.3,
-    ``distributed/activation_checkpoint.py``, ``_apply_op_sac``), for ``checkpoint(..., context_fn=...)``:
-    keep the outputs of aten.mm -- every other one, counted per layer -- and of the SDPA kernels (and
-    aten.max, reduce-scatter), recompute everything else. Re-stated so no torchtitan install is needed."""
+    ``distributed/activation_checkpoint.py``, ``SelectiveAC``), for ``checkpoint(..., context_fn=...)``: keep
+    the outputs of the compute-intensive ops of torch's partitioner (``get_default_op_list()``: mm, bmm,
+    addmm, _scaled_mm, the SDPA/flash/efficient attention kernels, ...) plus cuDNN/math attention, aten.max
+    (float8 amax), linear, topk and the reduce-scatter / all-to-all collectives -- except every other
+    mm/linear, counted per layer -- and recompute everything else. Re-stated so no torchtitan install is
+    needed (the CPU flash attention op is added so the policy behaves the same on CPU)."""
     from collections import defaultdict
 
     import torch
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
     ops = torch.ops.aten
-    save = {ops.mm.default, ops._scaled_dot_product_efficient_attention.default,
-            ops._scaled_dot_product_flash_attention.default, ops.max.default}
-    for name in ("_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu"):
+    save = set()
+    try:
+        from torch._functorch.partitioners import get_default_op_list
+
+        save |= {op.default for op in get_default_op_list().compute_intensive_ops}
+    except (ImportError, AttributeError):  # an older torch: the ops torchtitan 0.2 listed
+        save |= {ops.mm.default, ops._scaled_dot_product_efficient_attention.default,
+                 ops._scaled_dot_product_flash_attention.default}
+    for name in ("_scaled_dot_product_cudnn_attention", "_scaled_dot_product_attention_math",
+                 "_scaled_dot_product_fused_attention_overrideable", "_scaled_dot_product_flash_attention_for_cpu",
+                 "max", "linear", "topk"):
         if hasattr(ops, name):
             save.add(getattr(ops, name).default)
-    if hasattr(torch.ops, "_c10d_functional"):
-        save.add(torch.ops._c10d_functional.reduce_scatter_tensor.default)
+    for name in ("reduce_scatter_tensor", "all_to_all_single"):
+        if hasattr(torch.ops, "_c10d_functional") and hasattr(torch.ops._c10d_functional, name):
+            save.add(getattr(torch.ops._c10d_functional, name).default)
+    mm_ops = (ops.mm.default, ops.linear.default)
 
     def context_fn():
         meta: dict = defaultdict(int)
 
         def policy(ctx, func, *args, **kwargs):
             key = f"{'recompute' if ctx.is_recompute else 'forward'}_mm_count"
-            if func == ops.mm.default:
+            if func in mm_ops:
                 meta[key] += 1
-            keep = func in save and not (func == ops.mm.default and meta[key] % 2 == 0)
+            keep = func in save and not (func in mm_ops and meta[key] % 2 == 0)
             return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
 
         return create_selective_checkpoint_contexts(policy)
