@@ -13,7 +13,7 @@ Configurations (``--configs``; ``-c`` = every decoder layer torch.compile'd, as 
   partial[-c]       the fewest checkpointed layers that fit (first guess from agoq_core.planner.budget with
                     bf16/ckpt only, then more layers on OOM, in the same process)
   sac[-c]           op-level selective checkpointing as torchtitan 0.3 configures it (save mm -- every other
-                    one -- and SDPA outputs; torchtitan.distributed.activation_checkpoint._apply_op_sac)
+                    one -- and SDPA/_scaled_mm outputs; agoq_core.laaq.policy.sac_context_fn)
   offload           saved tensors on the CPU (torch.autograd.graph.save_on_cpu, pinned)
   liger             Liger-Kernel (RMSNorm, SwiGLU, RoPE, fused linear CE) + the fastest of none/sac/partial/ckpt
                     that fits (needs liger_kernel + CUDA)
