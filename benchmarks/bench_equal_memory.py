@@ -463,8 +463,8 @@ def _layer_profile(args, env) -> dict | None:
         cmd += ["--seqs", QUICK_PROFILE["seqs"], "--budget-s", str(QUICK_PROFILE["budget_s"])]
     t0 = time.time()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=40.0 + (
-            240.0 if args.smoke else QUICK_PROFILE["budget_s"] + 60.0))
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=(
+            300.0 if args.smoke else QUICK_PROFILE["budget_s"] + 45.0))
         text, rc = p.stdout, p.returncode
         err = p.stderr
     except subprocess.TimeoutExpired as exc:
@@ -472,9 +472,11 @@ def _layer_profile(args, env) -> dict | None:
         rc, err = -9, "timeout"
     print("\n".join(line for line in text.splitlines() if not line.startswith("[")), flush=True)
     print(f"[{time.time() - t0:6.0f} s] layer profile (exit {rc})", flush=True)
-    if out.exists():
+    if out.exists():  # written after every method: a killed run still leaves its rows (then "partial": true)
         rep = json.loads(out.read_text())
         rep["process_s"] = round(time.time() - t0, 1)
+        if rc != 0:
+            rep["exit"] = rc
         return rep
     return {"failed": f"exit {rc}: {err.strip().splitlines()[-1][:300] if err and err.strip() else ''}"}
 

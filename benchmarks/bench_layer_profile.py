@@ -494,6 +494,7 @@ def run(argv=None) -> dict:
     be = a.compile_backend or ("eager" if a.smoke else "inductor")
     t0 = time.time()
     rows, skipped = [], []
+    path = a.json or (os.path.join(os.environ["OUT"], "bench_layer_profile.json") if os.environ.get("OUT") else None)
     for seq in seqs:
         base, args_, kw, hidden = build(a.smoke, seq, device)
         for m in methods:
@@ -513,6 +514,8 @@ def run(argv=None) -> dict:
                 r = {"method": m, "seq": seq, "failed": f"{type(exc).__name__}: {str(exc)[:300]}",
                      "traceback": traceback.format_exc()[-1500:]}
             rows.append(r)
+            if path:  # after every method: a run killed later still leaves what it measured
+                _write(path, {"meta": _environment(device, a), "rows": rows, "costs": costs(rows), "partial": True})
             print(f"[{time.time() - t0:5.0f} s] {m} @ {seq}: " + (
                 f"{r['ms']:.1f} ms" if "ms" in r else ("OOM" if r.get("oom") else r.get("failed", "")[:120])),
                 flush=True)
@@ -533,12 +536,18 @@ def run(argv=None) -> dict:
                   f"{r['transient_bytes'] / 1e9:.3f} GB, {r['planner_ms']:.1f} vs {r['ms']:.1f} ms")
     for s in skipped:
         print("skipped (time budget):", s)
-    path = a.json or (os.path.join(os.environ["OUT"], "bench_layer_profile.json") if os.environ.get("OUT") else None)
     if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(report, indent=1, default=str))
+        _write(path, report)
         print(f"wrote {path}")
     return report
+
+
+def _write(path, report):
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps(report, indent=1, default=str))
+    tmp.replace(p)
 
 
 def _environment(device, a):
