@@ -477,6 +477,14 @@ def _layer_profile(args, env) -> dict | None:
         rep["process_s"] = round(time.time() - t0, 1)
         if rc != 0:
             rep["exit"] = rc
+        if rep.get("partial"):  # killed before its summary: make it here
+            sys.path.insert(0, str(here))
+            import bench_layer_profile as lp
+
+            lp.add_recompute(rep["rows"])
+            rep["explain"], rep["ceilings"] = lp.explain(rep["rows"]), lp.ceilings(rep["rows"])
+            print(lp.table(rep["rows"]))
+            print(lp.explain_text(rep["explain"], rep["ceilings"]))
         return rep
     return {"failed": f"exit {rc}: {err.strip().splitlines()[-1][:300] if err and err.strip() else ''}"}
 
