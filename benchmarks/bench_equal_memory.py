@@ -489,6 +489,14 @@ def _layer_profile(args, env) -> dict | None:
     return {"failed": f"exit {rc}: {err.strip().splitlines()[-1][:300] if err and err.strip() else ''}"}
 
 
+def _write_json(path, report):
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps(report, indent=1, default=str))
+    tmp.replace(p)
+
+
 def _environment(device):
     try:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -607,6 +615,7 @@ def main(argv=None):
     env["PYTHONPATH"] = os.pathsep.join(
         [str(_ROOT), str(_ROOT / "backends/triton_common"), str(_ROOT / "backends/cuda")] +
         ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    path = args.json or (os.path.join(os.environ["OUT"], "bench_equal_memory.json") if os.environ.get("OUT") else None)
     layer_profile = None
     if args.layer_costs:
         layer_profile = json.loads(Path(args.layer_costs).read_text())
@@ -632,6 +641,9 @@ def main(argv=None):
                         "cap_gib": cell["cap_bytes"] / GIB, "oom": False,
                         "failed": f"process exit {rc}: {err.strip().splitlines()[-1][:300] if err.strip() else ''}"})
         rows += got
+        if path:  # after every cell: a run its stage's timeout kills still leaves what it measured
+            _write_json(path, {"meta": {"partial": True, "quick": args.quick}, "runs": rows,
+                               "summary": summarize(rows), "layer_profile": layer_profile})
         print(f"[{time.time() - t_start:6.0f} s] {cell['config']} cap={cell['cap_bytes'] / GIB:.0f}: "
               + ", ".join(f"{r['seq']}:{'OOM' if r.get('oom') else ('x' if r.get('failed') or r.get('unavailable') else round(r['tokens_per_s']))}"
                           for r in got), flush=True)
@@ -649,10 +661,8 @@ def main(argv=None):
               " (only the lengths run; a ladder that did not reach OOM does not bound it)")
     for s in skipped:
         print("skipped:", s)
-    path = args.json or (os.path.join(os.environ["OUT"], "bench_equal_memory.json") if os.environ.get("OUT") else None)
     if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(report, indent=1, default=str))
+        _write_json(path, report)
         png = plot(rows, Path(path).with_suffix(".png"))
         print(f"wrote {path}" + (f" and {png}" if png else ""))
     return 0
