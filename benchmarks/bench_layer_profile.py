@@ -244,15 +244,23 @@ def make(method: str, base, compile_backend: str):
 
 
 # ============================================================ measure one (method, seq)
-def measure(method, base, args_, kw, hidden, seq, *, device, reps, warmup, compile_backend, profile=True):
+def make_inputs(seq, hidden, device):
+    """The layer input and the gradient arriving from above (same for every method at this length)."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(seq)
+    x0 = torch.randn(1, seq, hidden, generator=gen, device=device, dtype=torch.bfloat16)
+    g0 = torch.randn(1, seq, hidden, generator=gen, device=device, dtype=torch.bfloat16) * 1e-2
+    return x0, g0
+
+
+def measure(method, base, args_, kw, inputs, seq, *, device, reps, warmup, compile_backend, profile=True):
     import torch
 
     cuda = device.type == "cuda"
     mod = make(method, base, compile_backend)
     params = [p for p in mod.parameters() if p.requires_grad]
-    gen = torch.Generator(device="cpu").manual_seed(seq)
-    x0 = torch.randn(1, seq, hidden, generator=gen, dtype=torch.bfloat16).to(device)
-    g0 = torch.randn(1, seq, hidden, generator=gen, dtype=torch.bfloat16).to(device) * 1e-2
+    x0, g0 = inputs
     nbytes = x0.numel() * x0.element_size()
 
     def sync():
@@ -280,7 +288,8 @@ def measure(method, base, args_, kw, hidden, seq, *, device, reps, warmup, compi
     saved = transient = None
     if cuda:
         torch.cuda.empty_cache()
-        x = x0.detach().requires_grad_(True)
+        # a fresh copy: the input is the previous layer's output, freed unless this layer keeps it
+        x = x0.clone().requires_grad_(True)
         a0 = torch.cuda.memory_allocated(device)
         y = mod(x, *args_, **kw)
         del x
@@ -497,12 +506,13 @@ def run(argv=None) -> dict:
     path = a.json or (os.path.join(os.environ["OUT"], "bench_layer_profile.json") if os.environ.get("OUT") else None)
     for seq in seqs:
         base, args_, kw, hidden = build(a.smoke, seq, device)
+        inputs = make_inputs(seq, hidden, device)
         for m in methods:
             if a.budget_s is not None and time.time() - t0 > a.budget_s:
                 skipped.append(f"{m}@{seq}")
                 continue
             try:
-                r = measure(m, base, args_, kw, hidden, seq, device=device, reps=a.reps, warmup=a.warmup,
+                r = measure(m, base, args_, kw, inputs, seq, device=device, reps=a.reps, warmup=a.warmup,
                             compile_backend=be, profile=not a.no_profile)
             except torch.OutOfMemoryError as exc:
                 r = {"method": m, "seq": seq, "oom": True, "error": " ".join(str(exc).split())[:200]}
@@ -521,7 +531,7 @@ def run(argv=None) -> dict:
                 flush=True)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-        del base
+        del base, inputs
     add_recompute(rows)
     planner_check(rows, a.smoke)
     ex, ceil = explain(rows, a.ref), ceilings(rows, a.ref)
