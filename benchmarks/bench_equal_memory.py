@@ -79,7 +79,8 @@ QUICK_PROFILE = dict(seqs="32K,16K", budget_s=75.0)
 def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--smoke", action="store_true", help="tiny LLaMA on CPU, all configurations (logic only)")
-    ap.add_argument("--quick", action="store_true", help="the < 4.5 minute H200 subset: per-layer profile, then QUICK_CELLS")
+    ap.add_argument("--quick", action="store_true",
+                    help="the < 4.5 minute H200 subset: per-layer profile, then QUICK_CELLS")
     ap.add_argument("--configs", default=None, help=f"comma-separated, from {','.join(ALL_CONFIGS)}")
     ap.add_argument("--seqs", default=None, help="ladder (default 8K,16K,32K,64K,96K,128K,160K,192K,256K)")
     ap.add_argument("--caps", default=None, help="memory caps in GiB, 0 = whole device (default 0,80)")
@@ -376,7 +377,8 @@ def run_cell(cell):
                 if cuda:
                     torch.cuda.synchronize()
                 dt = (time.perf_counter() - t0) / cell["steps"]
-                res.update(step_s=dt, tokens_per_s=seq * cell.get("batch", 1) / dt, oom=False, batch=cell.get("batch", 1),
+                res.update(step_s=dt, tokens_per_s=seq * cell.get("batch", 1) / dt, oom=False,
+                           batch=cell.get("batch", 1),
                            peak_bytes=torch.cuda.max_memory_allocated(device) if cuda else None,
                            reserved_peak_bytes=torch.cuda.max_memory_reserved(device) if cuda else None)
             except (torch.OutOfMemoryError, _FakeOOM) as exc:

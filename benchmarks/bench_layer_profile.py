@@ -398,8 +398,8 @@ def explain(rows, ref="sac-c") -> list[dict]:
         for m, r in here.items():
             if m == ref:
                 continue
-            d = {g: (r["fwd_groups_ms"][g] + r["bwd_groups_ms"][g]) - (base["fwd_groups_ms"][g] + base["bwd_groups_ms"][g])
-                 for g in GROUPS}
+            d = {g: (r["fwd_groups_ms"][g] + r["bwd_groups_ms"][g])
+                 - (base["fwd_groups_ms"][g] + base["bwd_groups_ms"][g]) for g in GROUPS}
             if r.get("idle_ms") is not None and base.get("idle_ms") is not None:
                 d["idle"] = r["idle_ms"] - base["idle_ms"]
             out.append({"seq": seq, "method": m, "vs": ref, "total_ms": r["ms"] - base["ms"],

@@ -88,9 +88,9 @@ def _laaq_mlp(layer: nn.Module, index: int, fmt: str, backend: str | None) -> li
 
     row = match_family(layer)
     if row is None or not row.mlp or row.gate_up_proj or row.unsupported:
+        why = (row.mlp_note or row.unsupported or "fused gate_up projection") if row else "unknown family"
         raise AgoqError(f"laaq-mlp: {type(layer).__name__} has no separate gate/up/down MLP LAAQ converts "
-                        f"({(row.mlp_note or row.unsupported or 'fused gate_up projection') if row else 'unknown family'}); "
-                        "use laaq:FMT for this layer")
+                        f"({why}); use laaq:FMT for this layer")
     cfg = LAAQConfig(norm_input=fmt, mlp_act_input=fmt, attn_out_input=fmt, linear_input=fmt, convert_final_norm=False,
                      backend=backend)
     reps = [convert_norm(_get(layer, row.post_norm), cfg, layer=index)]

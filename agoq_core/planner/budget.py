@@ -145,8 +145,8 @@ def parse_option(name: str) -> tuple[str, str | None]:
         if not fmt:
             raise PlannerError(f"option {name!r} needs a format, e.g. {kind}:nf4")
         return kind, check_candidates([fmt])[0]
-    raise PlannerError(f"unknown budget option {name!r}; options are bf16, ckpt, sac, laaq:FMT, laaq-mlp:FMT, qckpt:FMT "
-                       f"(FMT an activation format; a kind ending in -c is compiled), default "
+    raise PlannerError(f"unknown budget option {name!r}; options are bf16, ckpt, sac, laaq:FMT, laaq-mlp:FMT, "
+                       f"qckpt:FMT (FMT an activation format; a kind ending in -c is compiled), default "
                        f"{','.join(DEFAULT_OPTIONS)}")
 
 
