@@ -27,7 +27,7 @@ for spec in "$@"; do
     fusion)      cmd=(python3 benchmarks/bench_fusion.py) ;;
     codecs)      cmd=(python3 benchmarks/bench_codecs.py --sizes-mib 1024 --no-sweep --deadline-s $((secs - 30))) ;;
     torchtitan)  cmd=(python3 benchmarks/bench_torchtitan.py --budget-s $((secs - 30))) ;;  # needs .whl (docs/integrations.md)
-    equal-memory) cmd=(python3 benchmarks/bench_equal_memory.py --quick) ;;  # needs the torchao wheel in .whl
+    equal-memory) cmd=(python3 benchmarks/bench_equal_memory.py --quick --budget-s $((secs - 70))) ;;  # torchao wheel in .whl; 290 s: layer profile + 3 cells
     integrations) cmd=(python3 benchmarks/bench_integrations.py) ;;   # CUDA autocast, eager vs compiled LAAQ
     grad-error)  cmd=(python3 benchmarks/bench_grad_error.py --budget-s $((secs - 40))) ;;  # LAAQ gradient error, 7B shapes
     mx-probe)    cmd=(python3 benchmarks/gpu_mx_reduce_probe.py) ;;
