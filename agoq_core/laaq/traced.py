@@ -116,11 +116,19 @@ def norm(mod: torch.nn.Module, st: Any, x: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def _source(st: Any, x: torch.Tensor) -> tuple:
-    """The kept input of the norm whose output ``x`` is (the group's record, consumed once per reader)."""
+def _reads(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """``x`` is ``y``, or a view of all of it with its layout (HF's ``hidden_states[:, slice(-0, None), :]``
+    before the LM head). Dynamo cannot trace ``storage_offset``; a full-shape same-stride view has 0."""
+    return x is y or (x._base is y and x.shape == y.shape and x.stride() == y.stride())
+
+
+def _source(st: Any, x: torch.Tensor) -> tuple | None:
+    """The kept input of the norm whose output ``x`` is (the group's record, consumed once per reader);
+    None when ``x`` is a partial view of it (then the reader keeps its own input)."""
     group = st.group
     e = group.traced.get(st.expect)
-    if e is None or not (x is e[0] or x._base is e[0]):
+    partial = e is not None and not _reads(x, e[0]) and x._base is e[0]
+    if e is None or not (partial or _reads(x, e[0])):
         row = group.row.name if group.row is not None else "?"
         raise AgoqError(
             f"LAAQ family row {row!r}: {st.path} should read the output of {group.prefix}{st.expect}, but its "
@@ -132,7 +140,7 @@ def _source(st: Any, x: torch.Tensor) -> tuple:
         del group.left[st.expect]
     else:
         group.left[st.expect] = left
-    return e
+    return None if partial else e
 
 
 # ---- linears ------------------------------------------------------------------------------------------
@@ -143,7 +151,6 @@ class _RecomputedLinearFn(torch.autograd.Function):
     def forward(ctx, y, recipe: _Recipe, nk: int, weight, bias, *rest):
         ctx.save_for_backward(weight, *rest)
         ctx.recipe, ctx.nk, ctx.has_bias = recipe, nk, bias is not None
-        ctx.view = None if y._base is None else (y.shape, y.stride(), y.storage_offset())
         ctx.amp, ctx.y_dtype = amp_state(y.device.type), y.dtype
         return F.linear(y, weight, bias)
 
@@ -158,8 +165,6 @@ class _RecomputedLinearFn(torch.autograd.Function):
                 dy = fusion.input_grad(grad_out, weight).to(ctx.y_dtype)
             if need[3]:
                 y = ctx.recipe.output(kept, params)
-                if ctx.view is not None:
-                    y = y.as_strided(*ctx.view)
                 dw = fusion.weight_grad(grad_out, y)
             if ctx.has_bias and need[4]:
                 db = _bias_grad(grad_out)
@@ -193,9 +198,11 @@ class _SavedLinearFn(torch.autograd.Function):
 
 def linear(mod: torch.nn.Module, st: Any, x: torch.Tensor, alias: bool) -> torch.Tensor:
     w, b = mod.weight, mod.bias
-    if st.expect:
-        y, kept, params, recipe = _source(st, x)
+    e = _source(st, x) if st.expect else None
+    if e is not None:
+        _, kept, params, recipe = e
         return _RecomputedLinearFn.apply(x, recipe, len(kept), w, b, *kept, *params)
+    # a partial view of a norm output (logits_to_keep > 0) keeps its own input, in linear_input's format
     spec = None if alias else st.fmts[st.role]
     kept = _keep(x, spec, st.backend, st.role, st.layer) if w.requires_grad else ()
     return _SavedLinearFn.apply(x, spec, st.backend, len(kept), w, b, *kept)
@@ -278,8 +285,9 @@ def swiglu(mod: torch.nn.Module, st: Any, x: torch.Tensor, mods: Sequence[torch.
     lin = [gm.weight, gm.bias, um.weight if um is not None else None, um.bias if um is not None else None,
            dm.weight, dm.bias]
     x_spec = st.fmts["linear_input"]
-    if st.expect:
-        _, kept, params, recipe = _source(st, x)
+    e = _source(st, x) if st.expect else None
+    if e is not None:
+        _, kept, params, recipe = e
         extra = (*kept, *params)
         nkx = len(kept)
     else:
