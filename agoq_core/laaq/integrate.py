@@ -557,6 +557,7 @@ def apply(model: nn.Module, config: LAAQConfig | None = None, *,
                                      f"{type(model).__name__} (its layers: {_ranges(indices)}; 0-based, HF "
                                      "self_attn.layer_idx)")
         log.warning("agoq LAAQ: %s", report.skipped[-1].reason)
+    mlp_left: list[tuple[str, LayerFamily]] = []
     try:
         last_row = None
         for order, (name, layer, row) in enumerate(layers):
@@ -584,11 +585,18 @@ def apply(model: nn.Module, config: LAAQConfig | None = None, *,
                 conv.swiglu(_get(layer, row.mlp), p + row.mlp, idx, plan, names, group=g, expect=row.post_norm)
             elif not row.mlp:
                 conv.skip(p + (row.post_norm or "mlp"), f"family {row.name!r}: {row.mlp_note or 'MLP not converted'}")
+                mlp_left.append((p + (row.post_norm or "mlp"), row))
         if config.convert_final_norm and last_row is not None:
             _convert_final(conv, report, model, core, last_row, config.plan(None))
     except BaseException:
         report.undo()
         raise
+    if mlp_left:  # never silent: say which MLPs keep their activations in 16 bits
+        fams = sorted({r.name for _, r in mlp_left})
+        log.warning("agoq LAAQ: the MLP half of %d decoder layer(s) of %s (family %s: %s .. %s and the MLP after it) is "
+                    "NOT converted and keeps its activations as PyTorch does: %s. See report.skipped.", len(mlp_left),
+                    type(model).__name__, "/".join(fams), mlp_left[0][0], mlp_left[-1][0],
+                    mlp_left[0][1].mlp_note or "no MLP row")
     report._owner = [model] if core is model else [model, core]  # remove() works from either (PEFT's
     for owner in report._owner:                                     # merge_and_unload returns the core)
         owner.__dict__[_REPORT_ATTR] = report

@@ -132,3 +132,18 @@ def _mlp_states(model):
     mlps = [st for st in states if st.kind == "swiglu"]
     assert len(mlps) == BASE["num_hidden_layers"]
     return mlps
+
+
+def test_moe_mlps_left_plain_are_announced_with_a_warning(caplog):
+    """transformers 5 MoE blocks (fused 3-D expert weights, grouped_mm/eager/batched_mm implementations) are
+    not converted; apply says so as a WARNING naming the layers, and report.skipped holds each one."""
+    import logging
+
+    model = build("mixtral")
+    with caplog.at_level(logging.WARNING, logger="agoq.laaq"):
+        rep = apply(model)
+    msgs = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("MLP half of 2 decoder layer(s)" in m and "NOT converted" in m and "mixture-of-experts" in m
+               and "model.layers.0.post_attention_layernorm" in m for m in msgs), msgs
+    assert len(rep.skipped) == 2
+    remove(model)
