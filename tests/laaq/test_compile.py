@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agoq_core.laaq import apply, remove
+from agoq_core.laaq import LAAQConfig, apply, remove
 from tests.laaq.conftest import grads, rel_err, small_batch, small_model
 
 
@@ -190,4 +190,37 @@ def test_lora_layers_still_compile_through_the_eager_path():
     assert torch.equal(l0, l1)
     assert max(rel_err(g0[n], g1[n]) for n in g0) < 1e-6
     remove(model)
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", ["gemma2", "phi3"])
+def test_other_families_compile_fullgraph(name):
+    """Gemma2 (GELU-tanh act, (1 + w) norms, post-norms with no GEMM reader, tied head) and Phi3 (fused
+    qkv_proj and gate_up_proj): no graph break, eager LAAQ's loss and gradients. One documented
+    exception: Phi3's attention on CPU runs SDPA's math kernel (its mask), which does not keep its output,
+    so eager LAAQ keeps the out-projection input at 4 bits; compiled code hides the producer and follows
+    the model's attention implementation (SDPA: kept by reference, no 4-bit error), so o_proj's weight
+    gradient differs from eager LAAQ's by that role's 4-bit error (measured 0.085-0.10)."""
+    from tests.laaq.test_families import build
+
+    torch._dynamo.reset()
+    model = build(name)
+    ids = small_batch()
+    apply(model, LAAQConfig(block=64))
+
+    def step(i):
+        return model(input_ids=i, labels=i).loss
+
+    explain = torch._dynamo.explain(step)(ids)
+    assert explain.graph_break_count == 0, [str(r.reason).split("\n")[0] for r in explain.break_reasons]
+    torch._dynamo.reset()
+    l0, g0 = grads_of(model, step, ids)
+    l1, g1 = grads_of(model, torch.compile(step, fullgraph=True, backend="aot_eager"), ids)
+    assert torch.equal(l0, l1)
+    remove(model)
+    for n in g0:
+        if name == "phi3" and n.endswith("o_proj.weight"):
+            assert 0.02 < rel_err(g0[n], g1[n]) < 0.16, n  # the 4-bit error of one role, not a bug
+        else:
+            assert torch.equal(g0[n], g1[n]), n
     torch._dynamo.reset()
