@@ -31,6 +31,7 @@ from agoq_core.laaq.functions import (_VIEW_NODES, NormSource, RecomputedInputLi
                                       SwiGLUFunction, find_source, kept_by_producer, norm_apply)
 from agoq_core.laaq import ops, traced
 from agoq_core.laaq.linears import is_lora_wrapper, linear_problem, resolve
+from agoq_core.laaq.moe import MoEExpertsFunction, experts_problem
 
 __all__ = ["apply", "remove", "convert_norm", "convert_linear", "convert_swiglu", "LAAQReport", "Conversion",
            "Skip", "is_converted"]
@@ -171,6 +172,13 @@ def _swiglu_forward(self: nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any)
     return st.laaq(self, st, x)
 
 
+def _experts_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    st = _state(self)
+    if kwargs or len(args) != 3 or not torch.is_grad_enabled() or st.aside():
+        return st.orig(*args, **kwargs)
+    return st.laaq(self, st, *args)
+
+
 def _attention_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     st = _state(self)
     if not torch.is_grad_enabled() or st.aside():
@@ -257,15 +265,21 @@ def _swiglu_laaq(self: nn.Module, st: "_State", x: torch.Tensor) -> torch.Tensor
     return out
 
 
+def _experts_laaq(self: nn.Module, st: "_State", x: torch.Tensor, top_k_index: torch.Tensor,
+                  top_k_weights: torch.Tensor) -> torch.Tensor:
+    return MoEExpertsFunction.apply(x, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj, self,
+                                    st.plan["mlp_act_input"], st.layer, st.backend)
+
+
 def _attention_laaq(self: nn.Module, st: "_State", *args: Any, **kwargs: Any) -> Any:
     with attention_core_hooks(st.plan["attention_core"], st.layer, st.backend):
         return st.orig(*args, **kwargs)
 
 
 _LAAQ_FORWARDS = {"norm": _norm_laaq, "linear": _linear_laaq, "swiglu": _swiglu_laaq,
-                  "attention_core": _attention_laaq}
+                  "attention_core": _attention_laaq, "moe_experts": _experts_laaq}
 _FORWARDS = {"norm": _norm_forward, "linear": _linear_forward, "swiglu": _swiglu_forward,
-             "attention_core": _attention_forward}
+             "attention_core": _attention_forward, "moe_experts": _experts_forward}
 
 
 @functools.lru_cache(maxsize=1)
@@ -478,6 +492,17 @@ class _Converter:
                     group.lora = True
         return True
 
+    def experts(self, m: Any, path: str, layer: int | None, plan: RolePlan, group: _Group | None = None) -> bool:
+        problem = experts_problem(m) if isinstance(m, nn.Module) else "not found"
+        if problem is None and is_converted(m):
+            problem = "already converted"
+        if problem:
+            self.skip(path, f"MoE experts not converted: {problem}")
+            return False
+        self._done(m, path, _State("moe_experts", m.forward, layer, plan, self.config.backend, group=group, path=path),
+                   {"mlp_act_input": _fmt_name(plan["mlp_act_input"])})
+        return True
+
     def attention(self, m: Any, path: str, layer: int | None, plan: RolePlan, group: _Group | None = None) -> None:
         if plan["attention_core"] is None:
             return
@@ -585,7 +610,8 @@ def apply(model: nn.Module, config: LAAQConfig | None = None, *,
                 conv.swiglu(_get(layer, row.mlp), p + row.mlp, idx, plan, names, group=g, expect=row.post_norm)
             elif not row.mlp:
                 conv.skip(p + (row.post_norm or "mlp"), f"family {row.name!r}: {row.mlp_note or 'MLP not converted'}")
-                mlp_left.append((p + (row.post_norm or "mlp"), row))
+                if not (row.experts and conv.experts(_get(layer, row.experts), p + row.experts, idx, plan, g)):
+                    mlp_left.append((p + (row.experts or row.post_norm or "mlp"), row))
         if config.convert_final_norm and last_row is not None:
             _convert_final(conv, report, model, core, last_row, config.plan(None))
     except BaseException:
@@ -593,10 +619,10 @@ def apply(model: nn.Module, config: LAAQConfig | None = None, *,
         raise
     if mlp_left:  # never silent: say which MLPs keep their activations in 16 bits
         fams = sorted({r.name for _, r in mlp_left})
-        log.warning("agoq LAAQ: the MLP half of %d decoder layer(s) of %s (family %s: %s .. %s and the MLP after it) is "
-                    "NOT converted and keeps its activations as PyTorch does: %s. See report.skipped.", len(mlp_left),
-                    type(model).__name__, "/".join(fams), mlp_left[0][0], mlp_left[-1][0],
-                    mlp_left[0][1].mlp_note or "no MLP row")
+        why = next((s.reason for s in report.skipped if s.path == mlp_left[0][0]), mlp_left[0][1].mlp_note)
+        log.warning("agoq LAAQ: the MLP of %d decoder layer(s) of %s (family %s: %s .. %s) is NOT converted and keeps "
+                    "its activations as PyTorch does: %s. See report.skipped.", len(mlp_left),
+                    type(model).__name__, "/".join(fams), mlp_left[0][0], mlp_left[-1][0], why or "no MLP row")
     report._owner = [model] if core is model else [model, core]  # remove() works from either (PEFT's
     for owner in report._owner:                                     # merge_and_unload returns the core)
         owner.__dict__[_REPORT_ATTR] = report
