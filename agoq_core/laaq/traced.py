@@ -17,7 +17,7 @@ Here, while ``torch.compiler.is_compiling()``:
 
 Same kept bits as eager (same codec call on the same tensor); gradients equal eager LAAQ's up to the
 summation order the compiler picks (tests/laaq/test_compile.py). Not traced (the eager path runs, one
-graph break per module as before): PEFT LoRA wrappers, the naive attention-core ablation, modules
+graph break per module): PEFT LoRA wrappers, MoE experts (agoq_core.laaq.moe), the naive attention-core ablation, modules
 converted one by one without a decoder-layer group, and the fused GEMM seams (AGOQ_FUSION=1); the
 SwiGLU family-row check runs at the first eager training forward only (under compile rows are checked
 by shape and by the norm-output identity).
