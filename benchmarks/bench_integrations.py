@@ -11,6 +11,8 @@
    gradient agreement (LAAQ, and the plain model's own for scale), graph breaks
    (torch._dynamo.explain) of one decoder layer and of the whole training step, and the backend whose
    codecs the agoq:: custom ops called (cuda: Triton kernels).
+3. MoE: a small Mixtral (bf16, transformers' grouped_mm experts) -- loss LAAQ vs plain (identical),
+   gradient error (max and experts), step time and peak memory plain vs LAAQ.
 
 Writes $OUT/bench_integrations.json (or --json) and prints a table. About 2-3 minutes on an H200.
 
@@ -224,6 +226,53 @@ def compile_part(args, dev):
     return res
 
 
+def moe_part(args, dev):
+    import torch
+    import transformers
+
+    from agoq_core.laaq import apply, remove
+
+    smoke = args.smoke
+    h, i, L, seq, e = (64, 176, 2, 64, 4) if smoke else (1024, 2816, 2, 4096, 8)
+    dtype = torch.float32 if smoke else torch.bfloat16
+    cfg = transformers.MixtralConfig(vocab_size=1024, hidden_size=h, intermediate_size=i, num_hidden_layers=L,
+                                     num_attention_heads=8 if not smoke else 4, num_key_value_heads=4 if not smoke else 2,
+                                     num_local_experts=e, num_experts_per_tok=2, use_cache=False,
+                                     max_position_embeddings=max(seq, 512))
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.MixtralForCausalLM(cfg).to(device=dev, dtype=dtype)
+    out = {"hidden": h, "intermediate": i, "experts": e, "seq": seq, "layers": L,
+           "experts_implementation": model.config._experts_implementation}
+    ids = torch.randint(0, 1024, (1, seq), device=dev)
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return loss.detach()
+
+    res = {}
+    for laaq in (False, True):
+        name = "laaq" if laaq else "plain"
+        if laaq:
+            rep = apply(model)
+            out["experts_converted"] = sum(c.kind == "moe_experts" for c in rep.converted)
+        loss = step()
+        res[name] = (loss, {n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None})
+        out[f"{name}_s"] = timed(step, args.steps, sync)
+        out[f"{name}_peak_mib"] = peak_mib(step, dev)
+        if laaq:
+            remove(model)
+    (l0, g0), (l1, g1) = res["plain"], res["laaq"]
+    out["loss_identical"] = bool(torch.equal(l0, l1))
+    errs = {n: float((g1[n] - g0[n]).double().norm() / g0[n].double().norm().clamp_min(1e-300)) for n in g0}
+    out["grad_max_rel"] = max(errs.values())
+    out["grad_experts_max_rel"] = max(v for n, v in errs.items() if ".experts." in n)
+    return out
+
+
 def main(argv=None):
     args = parse(argv)
     import torch
@@ -237,6 +286,10 @@ def main(argv=None):
     t0 = time.perf_counter()
     rep["autocast"] = autocast_part(args, dev)
     rep["compile"] = compile_part(args, dev)
+    try:
+        rep["moe"] = moe_part(args, dev)
+    except Exception as e:  # recorded, the other parts still report
+        rep["moe"] = {"error": f"{type(e).__name__}: {str(e)[:500]}"}
     rep["wall_s"] = time.perf_counter() - t0
     print(json.dumps(rep, indent=1))
     c = rep["compile"]
@@ -250,6 +303,14 @@ def main(argv=None):
     print(f"  graph breaks: decoder layer {c['graph_breaks_per_layer']}, training step {c['graph_breaks_training_step']}; "
           f"compiled vs eager gradients: LAAQ max rel {c['laaq_compiled_vs_eager_max_rel']:.2e}, plain "
           f"{c['plain_compiled_vs_eager_max_rel']:.2e}")
+    m = rep["moe"]
+    if "error" not in m:
+        print(f"\nMoE (Mixtral, {m['experts_implementation']}, {m['experts_converted']} experts modules converted): "
+              f"loss identical {m['loss_identical']}, grad max rel {m['grad_max_rel']:.3f} (experts "
+              f"{m['grad_experts_max_rel']:.3f}); step {m['plain_s'] * 1e3:.0f} -> {m['laaq_s'] * 1e3:.0f} ms"
+              + (f"; peak {m['plain_peak_mib']:.0f} -> {m['laaq_peak_mib']:.0f} MiB" if m["plain_peak_mib"] else ""))
+    else:
+        print(f"\nMoE: {m['error']}")
     path = args.json or (os.path.join(os.environ["OUT"], "bench_integrations.json") if os.environ.get("OUT") else None)
     if path:
         Path(path).write_text(json.dumps(rep, indent=1))
