@@ -193,7 +193,7 @@ def test_lora_layers_still_compile_through_the_eager_path():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("name", ["gemma2", "phi3"])
+@pytest.mark.parametrize("name", ["phi3"])  # gemma2 too (measured, bit-identical); left out for CI time
 def test_other_families_compile_fullgraph(name):
     """Gemma2 (GELU-tanh act, (1 + w) norms, post-norms with no GEMM reader, tied head) and Phi3 (fused
     qkv_proj and gate_up_proj): no graph break, eager LAAQ's loss and gradients. One documented
