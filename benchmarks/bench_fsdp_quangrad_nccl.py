@@ -1,8 +1,12 @@
 """FSDP2 + QuanGrad on several GPUs: where QuanGrad's reduce-scatter starts to beat NCCL's (per bucket size),
 and one FSDP2 training step with and without it. Prepared for a multi-GPU machine; NOT RUN YET.
 
-    torchrun --nproc_per_node 8 benchmarks/bench_fsdp_quangrad_nccl.py           # writes $OUT/fsdp_qg_nccl.{json,md}
-    torchrun --nproc_per_node 2 benchmarks/bench_fsdp_quangrad_nccl.py --smoke   # CPU, gloo, tiny sizes
+    python3 -m torch.distributed.run --standalone --nproc_per_node 8 benchmarks/bench_fsdp_quangrad_nccl.py
+    python3 -m torch.distributed.run --standalone --nproc_per_node 2 benchmarks/bench_fsdp_quangrad_nccl.py --smoke
+
+(writes $OUT/fsdp_qg_nccl.{json,md}; ``--smoke``: CPU, gloo, tiny sizes; ``--standalone`` picks a free
+rendezvous port, so two jobs on one host do not collide on torchrun's default 29500). The --smoke path
+ran on torch 2.11.0 and 2.13.0 (2 gloo ranks); the NCCL path needs 2+ GPUs and has not run.
 
 Part 1 calls the comm objects exactly as FSDP2 does (``comm(output, input, group, op)``, input laid out as
 [world, shard]) for buckets of 64 KiB .. 256 MiB of fp32 gradient: NCCL's reduce-scatter in fp32 and in
@@ -146,12 +150,14 @@ def main():
     ap.add_argument("--threshold", type=int, default=None, help="enable(threshold_bytes=) for part 2 (1 MiB; 0 with --smoke)")
     args = ap.parse_args()
     args.threshold = args.threshold if args.threshold is not None else (0 if args.smoke else 1 << 20)
-    dev_type = "cpu" if args.smoke else "cuda"
-    dist.init_process_group("gloo" if args.smoke else "nccl")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    dev = torch.device(dev_type, int(os.environ.get("LOCAL_RANK", 0))) if dev_type == "cuda" else torch.device("cpu")
-    if dev.type == "cuda":
+    if args.smoke:
+        dev = torch.device("cpu")
+        dist.init_process_group("gloo")
+    else:  # the device first, and bound to the group: NCCL's barrier/collectives then never guess it
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(dev)
+        dist.init_process_group("nccl", device_id=dev)
+    rank, world = dist.get_rank(), dist.get_world_size()
     result = {"world": world, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "sweep": bucket_sweep(args, dev, world), "fsdp_step": fsdp_step(args, dev, world)}
     if dev.type == "cuda":

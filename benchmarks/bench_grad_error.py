@@ -19,6 +19,7 @@ quantized: the control, bit-exact recomputation, must be ~0).
 
     python benchmarks/bench_grad_error.py            # H200: < 3 minutes (no measurement starts after --budget-s 150)
     python benchmarks/bench_grad_error.py --smoke    # CPU, reduced size (tiny shape, fp32), ~1 minute
+    python benchmarks/bench_grad_error.py --plot-from run.json --png docs/img/grad-error.png  # figure only
 
 Writes $OUT/bench_grad_error.json (or --json) and prints markdown tables with the paper's row.
 """
@@ -78,8 +79,12 @@ def parse(argv=None) -> argparse.Namespace:
                     help="no new measurement starts after this many seconds (default 150: < 3 minutes in all)")
     ap.add_argument("--device", default=None, help="default cuda (smoke: cpu)")
     ap.add_argument("--dtype", default=None, choices=["bf16", "fp32"], help="default bf16 (smoke: fp32)")
+    ap.add_argument("--png", default=None, help="also draw the last phase's tables as bar charts into this file")
+    ap.add_argument("--plot-from", default=None, metavar="JSON", help="no run: draw --png from a saved report")
     harness.add_json_arg(ap, "bench_grad_error")
     a = ap.parse_args(argv)
+    if a.plot_from and not a.png:
+        ap.error("--plot-from needs --png")
     gpu = dict(model="llama2-7b", layers=4, seq_lens="1024,4096", probe_batch=2, train_steps=150, train_seq=1024,
                train_batch=8, device="cuda", dtype="bf16")
     smoke = dict(model="tiny", layers=2, seq_lens="128", probe_batch=2, train_steps=10, train_seq=64,
@@ -170,8 +175,60 @@ def markdown(phases: dict, types: list[str]) -> str:
     return "\n".join(lines)
 
 
+#: The policies drawn by plot(): the paper's two policies and one 8-bit and one MX row for scale.
+_PLOT_POLICIES = ("default (nf4, attention kept)", "uniform 4-bit incl. attention", "nvfp4, attention kept",
+                  "mxfp8, attention kept", "int8, attention kept")
+# Table 13's rows drawn beside our layer types (its GEMM row under the MLP, SiLU under mlp_gate).
+_PAPER_AT = {"norm": "LayerNorm", "attn_q": "Attention Q", "attn_k": "Attention K", "attn_v": "Attention V",
+             "mlp_gate": "SiLU", "mlp_up": "GEMM (weight grad)", "mlp_down": "GEMM (weight grad)"}
+
+
+def plot(report: dict, png: str) -> None:
+    """One panel per sequence length of the last phase: grouped bars per layer type, the paper's Table 13 as
+    black ticks."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    phase, by_seq = list(report["phases"].items())[-1]
+    by_seq = {k: v for k, v in by_seq.items() if v}
+    if not by_seq:
+        raise SystemExit(f"{png}: the report's last phase ({phase}) has no measurement to draw")
+    types = [t for t in ("norm", "attn_q", "attn_k", "attn_v", "attn_o", "mlp_gate", "mlp_up", "mlp_down")]
+    fig, axes = plt.subplots(1, len(by_seq), figsize=(6.5 * len(by_seq), 4.2), squeeze=False, sharey=True)
+    pols = [p for p in _PLOT_POLICIES if any(p in rows for rows in by_seq.values())]
+    width = 0.8 / max(1, len(pols))
+    for ax, (seq, rows) in zip(axes[0], by_seq.items()):
+        for i, pol in enumerate(pols):
+            vals = [rows[pol]["by_type"][t]["rel_l2"] if pol in rows and t in rows[pol]["by_type"] else 0.0
+                    for t in types]
+            ax.bar([j + (i - (len(pols) - 1) / 2) * width for j in range(len(types))], vals, width, label=pol)
+        paper = [(j, report["paper_table_13"][_PAPER_AT[t]]) for j, t in enumerate(types) if t in _PAPER_AT]
+        ax.scatter([j for j, _ in paper], [v for _, v in paper], marker="_", s=400, color="black", zorder=3,
+                   label="paper Table 13 (10B-token model)")
+        ax.set_xticks(range(len(types)), types, rotation=30)
+        ax.set_title(f"{phase}, {seq}-token sequences")
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("normalised L2 gradient error")
+    env, model = report["environment"], report["model"]
+    fig.suptitle(f"LAAQ gradient error per layer type: {model['shape']} shapes, {model['layers']} of "
+                 f"{model['of_layers']} layers, {model['dtype']}, {env.get('gpu') or env.get('device')}, "
+                 f"{env['date'][:10]}", fontsize=10)
+    axes[0][-1].legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    print(f"wrote {png}")
+
+
 def main(argv=None) -> int:
     a = parse(argv)
+    if a.plot_from:
+        import json
+
+        with open(a.plot_from) as f:
+            plot(json.load(f), a.png)
+        return 0
     import torch
 
     from agoq_core.laaq.numerics import LAYER_TYPES
@@ -214,6 +271,8 @@ def main(argv=None) -> int:
     if torch.cuda.is_available() and a.device.startswith("cuda"):
         report["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     harness.write_json(report, a.json, "bench_grad_error")
+    if a.png:
+        plot(report, a.png)
     print(f"total {report['wall_seconds']:.0f} s")
     return 0
 

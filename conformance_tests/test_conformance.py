@@ -47,6 +47,23 @@ def test_fused_gemm_case(case, agoq_ctx, pytestconfig):
     assert rec["verdict"] == "pass", rec["detail"]
 
 
+# Optional capabilities: elementwise fusions (rmsnorm_quant / silu_mul_quant / silu_mul_backward). Level
+# bit_exact+variant: codes bit-exact with the reference codec, float outputs of the best variant within a
+# rounding step or two of the CPU reference (agoq_conformance.fused_elementwise).
+from agoq_conformance.fused_elementwise import elementwise_cases, run_elementwise_case  # noqa: E402
+
+_ELEM = elementwise_cases()
+
+
+@pytest.mark.parametrize("case", _ELEM, ids=[c.id for c in _ELEM])
+def test_fused_elementwise_case(case, agoq_ctx, pytestconfig):
+    rec = run_elementwise_case(case, agoq_ctx.backend, agoq_ctx.device)
+    pytestconfig._agoq_results.append(rec)
+    if rec["verdict"] == "skip":
+        pytest.skip(rec["detail"])
+    assert rec["verdict"] == "pass", rec["detail"]
+
+
 # Capability cases: the core's own paths (QuanGrad step + clipping) on the backend's device under a mode that
 # rejects float64 tensor ops (Ascend has none); compared by verdict.
 from agoq_conformance.capability import capability_cases, run_capability_case  # noqa: E402

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Backend", "BackendBase",
     "SupportsAccumulate", "SupportsReduceRequantize", "SupportsGemmQuantEpilogue", "SupportsGemmDequantPrologue",
-    "SupportsRmsNormQuant", "OPTIONAL_OPS", "unimplemented_ops",
+    "SupportsRmsNormQuant", "SupportsSiluMulQuant", "SupportsSiluMulBackward", "OPTIONAL_OPS", "unimplemented_ops",
 ]
 
 
@@ -132,15 +132,63 @@ class SupportsGemmDequantPrologue(Protocol):
 @runtime_checkable
 class SupportsRmsNormQuant(Protocol):
     """Op ``"rmsnorm_quant"`` (LAAQ fusion into a memory-bound neighbour, forward): RMSNorm that also writes
-    the quantized copy of its input, reading x once."""
+    the quantized copy of its input, reading x once.
+
+    ``y`` must equal the model's own norm bit for bit to be used, and how torch sums the squares and
+    takes the rsqrt differs between devices: the backend offers numerics *variants* (names of its
+    choosing), and LAAQ keeps the first one whose ``y`` equals the model's norm output on its first call
+    (agoq_core.laaq.fusion), else runs the norm unfused."""
 
     def rmsnorm_quant_unsupported(self, x: torch.Tensor, weight: torch.Tensor, spec: "FormatSpec") -> str | None:
         """Why the fused call cannot run for these arguments (None: it can). Must not launch anything."""
 
+    def rmsnorm_quant_variants(self, device: torch.device) -> tuple[str, ...]:
+        """The numerics variants of ``y`` runnable on ``device``, the likeliest to match torch first."""
+
     def rmsnorm_quant_into(self, x: torch.Tensor, weight: torch.Tensor, eps: float, spec: "FormatSpec",
-                           y: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> None:
-        """y = weight * round(x * rsqrt(mean(x**2) + eps)) in x.dtype (within one rounding of torch's RMSNorm),
-        and (codes, scales) = Q_spec(x flattened), bit-exact with quantize_into. x [M, H] contiguous."""
+                           y: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+                           variant: str | None = None) -> None:
+        """y = weight * round(x * rsqrt(mean(x**2) + eps)) in x.dtype (HF LlamaRMSNorm's recipe, the sum and
+        rsqrt as ``variant`` computes them), and (codes, scales) = Q_spec(x flattened), bit-exact with
+        quantize_into. x [M, H] contiguous."""
+
+
+@runtime_checkable
+class SupportsSiluMulQuant(Protocol):
+    """Op ``"silu_mul_quant"`` (LAAQ fusion into a memory-bound neighbour, forward): SwiGLU's
+    ``h = silu(gate) * up`` that also writes the quantized copies of gate and up, reading each once.
+    Numerics variants as for :class:`SupportsRmsNormQuant` (``exp`` differs between devices)."""
+
+    def silu_mul_quant_unsupported(self, gate: torch.Tensor, up: torch.Tensor, spec: "FormatSpec") -> str | None:
+        """Why the fused call cannot run for these arguments (None: it can). Must not launch anything."""
+
+    def silu_mul_quant_variants(self, device: torch.device) -> tuple[str, ...]:
+        """The numerics variants of ``h`` runnable on ``device``, the likeliest to match torch first."""
+
+    def silu_mul_quant_into(self, gate: torch.Tensor, up: torch.Tensor, spec: "FormatSpec", h: torch.Tensor,
+                            gate_codes: torch.Tensor, gate_scales: torch.Tensor, up_codes: torch.Tensor,
+                            up_scales: torch.Tensor, variant: str | None = None) -> None:
+        """h = round(round(silu(gate)) * up) in gate.dtype (torch's ``F.silu(gate) * up``) and the codes/
+        scales of gate and of up (each flattened), bit-exact with quantize_into. gate, up contiguous."""
+
+
+@runtime_checkable
+class SupportsSiluMulBackward(Protocol):
+    """Op ``"silu_mul_backward"`` (LAAQ fusion into a memory-bound neighbour, backward): the SwiGLU
+    elementwise backward reading the kept codes of gate and up directly (no decoded 16-bit copies)."""
+
+    def silu_mul_backward_unsupported(self, dh: torch.Tensor, spec: "FormatSpec") -> str | None:
+        """Why the fused call cannot run for these arguments (None: it can). Must not launch anything."""
+
+    def silu_mul_backward_variants(self, device: torch.device) -> tuple[str, ...]:
+        """The numerics variants runnable on ``device``, the likeliest to match torch first."""
+
+    def silu_mul_backward_into(self, dh: torch.Tensor, gate_codes: torch.Tensor, gate_scales: torch.Tensor,
+                               up_codes: torch.Tensor, up_scales: torch.Tensor, spec: "FormatSpec", h: torch.Tensor,
+                               dgate: torch.Tensor, dup: torch.Tensor, variant: str | None = None) -> None:
+        """With g, u = the kept gate and up decoded to dh.dtype (what dequantize_into writes): h = silu(g) * u,
+        dup = dh * silu(g), dgate = silu_backward(dh * u, g) (torch's SiLU derivative), each rounded to
+        dh.dtype as torch's unfused ops round them. dh, h, dgate, dup contiguous, same shape and dtype."""
 
 
 #: Every op a backend may claim beyond quantize/dequantize -> the protocol that declares its methods.
@@ -150,6 +198,8 @@ OPTIONAL_OPS: dict[str, type] = {
     "gemm_quant_epilogue": SupportsGemmQuantEpilogue,
     "gemm_dequant_prologue": SupportsGemmDequantPrologue,
     "rmsnorm_quant": SupportsRmsNormQuant,
+    "silu_mul_quant": SupportsSiluMulQuant,
+    "silu_mul_backward": SupportsSiluMulBackward,
 }
 
 
@@ -232,8 +282,30 @@ class BackendBase:
     def rmsnorm_quant_unsupported(self, x, weight, spec):
         raise self._unclaimed("rmsnorm_quant")
 
-    def rmsnorm_quant_into(self, x, weight, eps, spec, y, codes, scales):
+    def rmsnorm_quant_variants(self, device):
         raise self._unclaimed("rmsnorm_quant")
+
+    def rmsnorm_quant_into(self, x, weight, eps, spec, y, codes, scales, variant=None):
+        raise self._unclaimed("rmsnorm_quant")
+
+    def silu_mul_quant_unsupported(self, gate, up, spec):
+        raise self._unclaimed("silu_mul_quant")
+
+    def silu_mul_quant_variants(self, device):
+        raise self._unclaimed("silu_mul_quant")
+
+    def silu_mul_quant_into(self, gate, up, spec, h, gate_codes, gate_scales, up_codes, up_scales, variant=None):
+        raise self._unclaimed("silu_mul_quant")
+
+    def silu_mul_backward_unsupported(self, dh, spec):
+        raise self._unclaimed("silu_mul_backward")
+
+    def silu_mul_backward_variants(self, device):
+        raise self._unclaimed("silu_mul_backward")
+
+    def silu_mul_backward_into(self, dh, gate_codes, gate_scales, up_codes, up_scales, spec, h, dgate, dup,
+                               variant=None):
+        raise self._unclaimed("silu_mul_backward")
 
     # all-to-all / all-gather of raw bytes; payloads are equal-sized per rank by protocol.
     def all_to_all_bytes(self, output, input, *, group=None, async_op=False):

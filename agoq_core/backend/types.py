@@ -23,6 +23,8 @@ OPS = frozenset({
     "gemm_quant_epilogue",               # kernel fusion: GEMM that also writes a quantized copy of its output
     "gemm_dequant_prologue",             # kernel fusion: GEMM that reads a QuantizedTensor operand
     "rmsnorm_quant",                     # fusion into a neighbour: RMSNorm that also writes its input's codes
+    "silu_mul_quant",                    # fusion into a neighbour: SiLU&Mul that also writes its inputs' codes
+    "silu_mul_backward",                 # fusion into a neighbour: SiLU&Mul backward decoding its kept inputs
 })
 COLLECTIVES = frozenset({"all_to_all", "all_gather"})
 

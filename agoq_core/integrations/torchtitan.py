@@ -32,6 +32,7 @@ import logging
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+import torch
 import torch.nn as nn
 
 from agoq_core.errors import AgoqError
@@ -40,7 +41,7 @@ from agoq_core.laaq import apply as laaq_apply
 from agoq_core.quangrad.config import DEFAULT_MIN_COMPRESS_BYTES, resolve_spec
 
 __all__ = ["AgoqConverter", "TORCHTITAN_LLAMA3", "TORCHTITAN_LLAMA3_UNFUSED", "apply_laaq", "llama3_family",
-           "AgoqOptions", "TESTED_TORCHTITAN", "llama3_debugmodel_agoq", "llama3_8b_agoq"]
+           "AgoqOptions", "TESTED_TORCHTITAN", "llama3_debugmodel_agoq", "llama3_8b_agoq", "torch_compat"]
 
 log = logging.getLogger("agoq")
 
@@ -57,6 +58,32 @@ TORCHTITAN_LLAMA3 = LayerFamily(
     layer_index_attr="", final_norm=("norm",), lm_head=("lm_head",))
 TORCHTITAN_LLAMA3_UNFUSED = replace(TORCHTITAN_LLAMA3, name="torchtitan_llama3_unfused",
                                     q_proj="qkv_linear.wq", k_proj="qkv_linear.wk", v_proj="qkv_linear.wv")
+
+
+def torch_compat() -> list[str]:
+    """Let torchtitan 0.3.0 import on torch 2.9-2.11; call it before the first torchtitan import.
+
+    torchtitan 0.3.0 imports ``torch.distributed.fsdp.DataParallelMeshDims`` (in torch 2.12.0 and 2.13.0,
+    not in 2.11.0) at module level, for its full-DTensor mode only. Where torch lacks it, this installs a
+    placeholder of that name that refuses to be instantiated (so the full-DTensor mode fails with a clear
+    error instead of running wrong). Idempotent; does nothing where torch has the name. Returns what it
+    installed. It does not make all of torchtitan 0.3.0 work on an older torch: its trainer's chunked
+    loss under ``fully_shard([norm, lm_head])`` needs torch 2.13's FSDP2 (docs/integrations.md, torchtitan).
+    """
+    import torch.distributed.fsdp as fsdp
+
+    if hasattr(fsdp, "DataParallelMeshDims"):
+        return []
+
+    class DataParallelMeshDims:  # placeholder type: the name torchtitan 0.3.0 imports
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            raise AgoqError("DataParallelMeshDims (torchtitan's full-DTensor mode) needs torch >= 2.12; this is "
+                            "agoq's import placeholder for an older torch (agoq_core.integrations.torchtitan."
+                            "torch_compat)")
+
+    DataParallelMeshDims.__module__ = __name__
+    fsdp.DataParallelMeshDims = DataParallelMeshDims  # type: ignore[attr-defined]
+    return ["torch.distributed.fsdp.DataParallelMeshDims (import placeholder)"]
 
 
 def llama3_family(model: nn.Module) -> LayerFamily:
@@ -216,6 +243,10 @@ def _classes() -> dict[str, type]:
     try:
         return _converter_classes()
     except ImportError as e:
+        if "DataParallelMeshDims" in str(e):
+            raise AgoqError(f"torchtitan 0.3.0 does not import on torch {torch.__version__} ({e}); call "
+                            "agoq_core.integrations.torchtitan.torch_compat() before the first torchtitan import, "
+                            "or use torch >= 2.12") from e
         raise AgoqError(f"agoq's torchtitan converter needs torchtitan (tested: {', '.join(TESTED_TORCHTITAN)}); "
                         f"pip install torchtitan: {e}") from e
 

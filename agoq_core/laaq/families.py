@@ -52,6 +52,10 @@ class LayerFamily:
     """Relative to ``mlp``: one projection whose output halves are gate and up (Phi3:
     ``gate, up = gate_up_proj(x).chunk(2, dim=-1)``); then ``gate_proj``/``up_proj`` are unused."""
     mlp_note: str = ""
+    experts: str = ""
+    """Relative to the layer: a transformers 5 experts module (fused 3-D ``gate_up_proj``/``down_proj``) whose
+    SiLU&Mul inputs LAAQ keeps at 4 bits (agoq_core.laaq.moe); with ``mlp=""`` (the router, a shared expert
+    and ``post_norm`` stay plain)."""
     unsupported: str = ""
     """Non-empty: the family is known and refused, with this reason (``apply`` raises)."""
     layer_index_attr: str = "layer_idx"
@@ -72,8 +76,8 @@ class LayerFamily:
         return self.qkv if self.qkv is not None else tuple(dict.fromkeys((self.q_proj, self.k_proj, self.v_proj)))
 
 
-_MOE = ("mixture-of-experts block: the experts' grouped GEMMs (transformers 5 keeps them as 3-D parameters) "
-        "keep their own inputs; LAAQ converts the attention half of the layer and leaves post_norm + MLP plain")
+_MOE = ("mixture-of-experts block: post_norm, the router and any shared expert stay plain (the router keeps the "
+        "norm output anyway); the routed experts (transformers 5 fused 3-D weights) are converted separately")
 
 # HF transformers 5.x (checked on 5.17 and 5.24). Llama, Mistral, Qwen2, Qwen3 and Gemma share LLaMA's
 # layer layout: Qwen2 adds q/k/v biases; Qwen3 (and Gemma3) q_norm/k_norm on the heads (part of the
@@ -93,9 +97,10 @@ FAMILIES: dict[str, LayerFamily] = {
                     extra_norms=("post_attention_layernorm", "post_feedforward_layernorm")),
         LayerFamily(name="phi3", layer_classes=("Phi3DecoderLayer",), qkv=("qkv_proj",), gate_up_proj="gate_up_proj",
                     act_fn="activation_fn"),
-        LayerFamily(name="mixtral", layer_classes=("MixtralDecoderLayer",), mlp="", mlp_note=_MOE),
+        LayerFamily(name="mixtral", layer_classes=("MixtralDecoderLayer",), mlp="", mlp_note=_MOE,
+                    experts="mlp.experts"),
         LayerFamily(name="qwen_moe", layer_classes=("Qwen2MoeDecoderLayer", "Qwen3MoeDecoderLayer"), mlp="",
-                    mlp_note=_MOE),
+                    mlp_note=_MOE, experts="mlp.experts"),
         LayerFamily(name="gpt2", layer_classes=("GPT2Block",), unsupported=(
             "GPT-2 blocks use Conv1D projections (transposed weights), a fused c_attn and a non-gated GELU MLP; LAAQ's "
             "roles (nn.Linear projections, gated MLP down(act(gate(x)) * up(x))) do not apply")),

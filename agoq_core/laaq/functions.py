@@ -86,11 +86,12 @@ class NormSource:
     """
 
     __slots__ = ("norm_fn", "spec", "layer", "backend", "stored", "out_meta", "consumers", "pending",
-                 "norm_in_graph", "_x", "_y", "recomputations", "amp", "__weakref__")
+                 "norm_in_graph", "_x", "_y", "recomputations", "amp", "module", "__weakref__")
 
     def __init__(self, norm_fn: Callable[[torch.Tensor], torch.Tensor], spec: FormatSpec | None,
-                 layer: int | None, backend: str | None) -> None:
+                 layer: int | None, backend: str | None, module: torch.nn.Module | None = None) -> None:
         self.norm_fn = norm_fn
+        self.module = module          # the norm module (its weight/eps for the fused RMSNorm kernel), or None
         self.spec = spec
         self.layer = layer
         self.backend = backend
@@ -104,8 +105,26 @@ class NormSource:
         self.recomputations = 0       # how many times the output was rebuilt (tests: once per pass)
         self.amp: tuple = ("cpu", False, None)  # autocast state of the forward (re-entered to recompute)
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The norm output, keeping the input: one fused kernel when the backend's ``rmsnorm_quant``
+        reproduces ``norm_fn`` bit for bit (agoq_core.laaq.fusion.norm_and_quantize), else norm then codec."""
+        fused = None
+        if self.module is not None:
+            fused = fusion.norm_and_quantize(x, self.module, self.norm_fn, self.spec, role="norm_input",
+                                             layer=self.layer, backend=self.backend)
+        if fused is None:
+            y = self.norm_fn(x)
+            self.keep_input(x, y)
+        else:
+            y, self.stored = fused
+            self._keep_meta(x, y)
+        return y
+
     def keep_input(self, x: torch.Tensor, y: torch.Tensor) -> None:
         self.stored = storage.store(x, self.spec, role="norm_input", layer=self.layer, backend=self.backend)
+        self._keep_meta(x, y)
+
+    def _keep_meta(self, x: torch.Tensor, y: torch.Tensor) -> None:
         self.out_meta = (y.shape, y.stride(), y.storage_offset(), y.dtype)
         self.amp = amp_state(x.device.type)
 
@@ -212,8 +231,7 @@ class NormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, src: NormSource, *params: torch.Tensor) -> torch.Tensor:
-        y = src.norm_fn(x)
-        src.keep_input(x, y)
+        y = src.forward(x)
         ctx.src = src
         ctx.n_params = len(params)
         ctx.params = params  # parameters, not activations: needed as autograd.grad inputs
@@ -375,7 +393,17 @@ class SwiGLUFunction(torch.autograd.Function):
         parts = _split(metas, tensors)
         ins, td = list(zip(metas[:-1], parts[:-1])), parts[-1]
         masks = []
-        if len(ins) == 2:  # separate gate and up projections
+        h = None
+        if len(ins) == 2 and not any(m.adapters for m, _ in ins) and fusion.silu_mul_fusable(act, act_spec, backend) \
+                and not fusion.fusion_enabled("gemm"):  # with the GEMM group, the FC1 epilogue writes the codes
+            # SiLU&Mul with its codec fused in (fusion.silu_mul_and_quantize): gate and up read once
+            (_, tg), (_, tu) = ins
+            g, u = F.linear(x, tg[0], tg[1]), F.linear(x, tu[0], tu[1])
+            h, kg, ku = fusion.silu_mul_and_quantize(g, u, act, act_spec, role="mlp_act_input", layer=layer,
+                                                     backend=backend)
+            kept, masks = [kg, ku], [[], []]
+            del g, u
+        elif len(ins) == 2:  # separate gate and up projections
             kept, outs = [], []
             for meta, t in ins:
                 if not meta.adapters:
@@ -399,11 +427,12 @@ class SwiGLUFunction(torch.autograd.Function):
             kept = [storage.store(g, act_spec, role="mlp_act_input", layer=layer, backend=backend),
                     storage.store(u, act_spec, role="mlp_act_input", layer=layer, backend=backend)]
         ctx.g, ctx.u = kept
-        h = act(g)
-        del g
-        # in place when act made a new tensor: same product as `act(g) * u`, one 16-bit buffer less
-        h = h.mul_(u) if (h.data_ptr() != u.data_ptr() and not h._is_view()) else h * u
-        del u
+        if h is None:
+            h = act(g)
+            del g
+            # in place when act made a new tensor: same product as `act(g) * u`, one 16-bit buffer less
+            h = h.mul_(u) if (h.data_ptr() != u.data_ptr() and not h._is_view()) else h * u
+            del u
         out = F.linear(h, td[0], td[1])
         out, md = adapter_forward(h, out, metas[-1], td)
         masks.append(md)
@@ -433,6 +462,34 @@ class SwiGLUFunction(torch.autograd.Function):
         if not graph_kept():
             ctx.g = ctx.u = ctx.x = ctx.masks = None
         return grads
+
+    @staticmethod
+    def _unfused_chunk(ctx, go, t0, t1, nd_, od, dmeta, td, w_down, add, dh=None):
+        """dgate, dup of one token chunk the unfused way (adding the down projection's dW and bias grads);
+        ``dh`` = dY·W_down if the caller has it already."""
+        g = storage.load_rows(ctx.g, t0, t1, None, ctx.backend).detach()
+        u = storage.load_rows(ctx.u, t0, t1, None, ctx.backend).detach()
+        with torch.enable_grad():
+            g.requires_grad_(True)
+            a = ctx.act(g)
+        a_d = a.detach()
+        # The SwiGLU output h = act(g) * u is only the down projection's GEMM operand: the gated
+        # weight-gradient seam forms it (or a fused prologue never materialises it).
+        if nd_[0]:
+            add(od, fusion.weight_grad_gated(go, storage.rows(ctx.u, t0, t1), a_d, dense=u,
+                                             backend=ctx.backend))
+        if dmeta.has_bias and nd_[1]:
+            add(od + 1, _bias_grad(go))
+        dh = fusion.input_grad(go, w_down) if dh is None else dh
+        if dmeta.adapters:
+            dha, ga = adapter_backward(go, a_d * u, dmeta, td, ctx.masks[-1], nd_, True)
+            for k, gk in enumerate(ga):
+                add(od + k, gk)
+            dh = dh + dha.to(dh.dtype)
+        du = dh * a_d                                              # = torch's mul backward, grad * self
+        (dg,) = torch.autograd.grad(a, (g,), dh * u)               # act's own backward of grad * other
+        del a, a_d, g, u, dh
+        return dg, du
 
     @staticmethod
     def _backward(ctx, grad_out):
@@ -473,28 +530,24 @@ class SwiGLUFunction(torch.autograd.Function):
         for t0 in range(0, tokens, chunk):
             t1 = min(tokens, t0 + chunk)
             go = go2[t0:t1]
-            g = storage.load_rows(ctx.g, t0, t1, None, ctx.backend).detach()
-            u = storage.load_rows(ctx.u, t0, t1, None, ctx.backend).detach()
-            with torch.enable_grad():
-                g.requires_grad_(True)
-                a = ctx.act(g)
-            a_d = a.detach()
-            # The SwiGLU output h = act(g) * u is only the down projection's GEMM operand: the gated
-            # weight-gradient seam forms it (or a fused prologue never materialises it).
-            if nd_[0]:
-                add(od, fusion.weight_grad_gated(go, storage.rows(ctx.u, t0, t1), a_d, dense=u,
-                                                 backend=ctx.backend))
-            if dmeta.has_bias and nd_[1]:
-                add(od + 1, _bias_grad(go))
-            dh = fusion.input_grad(go, w_down)
-            if dmeta.adapters:
-                dha, ga = adapter_backward(go, a_d * u, dmeta, td, ctx.masks[-1], nd_, True)
-                for k, gk in enumerate(ga):
-                    add(od + k, gk)
-                dh = dh + dha.to(dh.dtype)
-            du = dh * a_d                                              # = torch's mul backward, grad * self
-            (dg,) = torch.autograd.grad(a, (g,), dh * u)               # act's own backward of grad * other
-            del a, a_d, g, u, dh
+            fused_bw = dh = None
+            if not dmeta.adapters and fusion.silu_mul_backward_fusable(ctx.g, ctx.u, ctx.act, ctx.backend):
+                # the elementwise backward with the decode inside (fusion.silu_mul_backward)
+                dh = fusion.input_grad(go, w_down)
+                fused_bw = fusion.silu_mul_backward(dh, storage.rows(ctx.g, t0, t1), storage.rows(ctx.u, t0, t1),
+                                                    ctx.act, backend=ctx.backend)
+            if fused_bw is not None:
+                del dh
+                h, dg, du = fused_bw
+                del fused_bw
+                if nd_[0]:
+                    add(od, fusion.weight_grad(go, h))
+                del h
+                if dmeta.has_bias and nd_[1]:
+                    add(od + 1, _bias_grad(go))
+            else:
+                dg, du = SwiGLUFunction._unfused_chunk(ctx, go, t0, t1, nd_, od, dmeta, td, w_down, add, dh)
+                dh = None
             # gradients of the input projection(s): gate and up, or the fused gate_up with [dg, du]
             douts = [torch.cat([dg, du], dim=-1)] if fused else [dg, du]
             del dg, du

@@ -29,7 +29,9 @@ from agoq_core.laaq.config import NATIVE, LAAQConfig, RolePlan
 from agoq_core.laaq.families import FAMILIES, LayerFamily, match_family, unwrap_model
 from agoq_core.laaq.functions import (_VIEW_NODES, NormSource, RecomputedInputLinear, SavedInputLinear,
                                       SwiGLUFunction, find_source, kept_by_producer, norm_apply)
+from agoq_core.laaq import ops, traced
 from agoq_core.laaq.linears import is_lora_wrapper, linear_problem, resolve
+from agoq_core.laaq.moe import MoEExpertsFunction, experts_problem
 
 __all__ = ["apply", "remove", "convert_norm", "convert_linear", "convert_swiglu", "LAAQReport", "Conversion",
            "Skip", "is_converted"]
@@ -70,6 +72,10 @@ class _State:
     alias_hint: bool | None = None  # the model's attention kernel keeps its output (SDPA/flash)
     laaq: Any = None           # the LAAQ path of this kind (torch.compiler.disable'd), set by _patch
     validated: bool = False    # swiglu: checked once against the module's own forward
+    fmts: dict = field(default_factory=dict)  # plan's role -> spec as a plain dict (Dynamo reads it)
+
+    def __post_init__(self) -> None:
+        self.fmts = dict(self.plan.specs)
 
     def aside(self) -> bool:
         return self.group is not None and self.group.checkpointed()
@@ -122,16 +128,26 @@ class LAAQReport:
 # ---- the converted forwards (bound to their module; state in module._agoq_laaq) -------------------
 # Each converted module's forward is a plain function that torch.compile can trace: with autograd off,
 # in a gradient-checkpointed layer, or for calls LAAQ does not handle it runs the module's own forward
-# (so inference compiles fullgraph and LAAQ is invisible); otherwise it calls the LAAQ path, which runs
-# eagerly (torch.compiler.disable: its autograd functions hold Python state for backward).
+# (so inference compiles fullgraph and LAAQ is invisible). In training it runs LAAQ: while compiling,
+# the traceable path of agoq_core.laaq.traced (custom-op codecs, state through module state: no graph
+# break) where the layer allows it (:func:`_traceable`), otherwise the eager path
+# (torch.compiler.disable: its autograd functions hold Python state for backward).
 def _state(m: nn.Module) -> "_State":
     return m.__dict__[_STATE_ATTR]
+
+
+def _traceable(st: "_State") -> bool:
+    """Whether this module's LAAQ path can be traced (else it runs eagerly: one graph break)."""
+    return (torch.compiler.is_compiling() and st.group is not None and not st.group.lora
+            and st.fmts["attention_core"] is None)
 
 
 def _norm_forward(self: nn.Module, x: Any, *args: Any, **kwargs: Any) -> Any:
     st = _state(self)
     if args or kwargs or not torch.is_grad_enabled() or not isinstance(x, torch.Tensor) or st.aside():
         return st.orig(x, *args, **kwargs)
+    if _traceable(st):
+        return traced.norm(self, st, x)
     return st.laaq(self, st, x)
 
 
@@ -139,6 +155,9 @@ def _linear_forward(self: nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any)
     st = _state(self)
     if args or kwargs or not torch.is_grad_enabled() or st.aside():
         return st.orig(x, *args, **kwargs)
+    if _traceable(st):
+        alias = st.fmts["attention_core"] is None and x.requires_grad and bool(st.alias_hint)
+        return traced.linear(self, st, x, alias)
     return st.laaq(self, st, x)
 
 
@@ -146,7 +165,18 @@ def _swiglu_forward(self: nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any)
     st = _state(self)
     if args or kwargs or not torch.is_grad_enabled() or st.aside():
         return st.orig(x, *args, **kwargs)
+    if _traceable(st):
+        gate, up, down, act_name = st.names
+        mods = [_get(self, n) for n in ((gate, down) if not up else (gate, up, down))]
+        return traced.swiglu(self, st, x, mods, _activation(self, act_name))
     return st.laaq(self, st, x)
+
+
+def _experts_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    st = _state(self)
+    if kwargs or len(args) != 3 or not torch.is_grad_enabled() or st.aside():
+        return st.orig(*args, **kwargs)
+    return st.laaq(self, st, *args)
 
 
 def _attention_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -159,7 +189,7 @@ def _attention_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
 def _norm_laaq(self: nn.Module, st: "_State", x: torch.Tensor) -> torch.Tensor:
     if st.group is not None:
         st.group.sync()
-    src = NormSource(st.orig, st.plan["norm_input"], st.layer, st.backend)
+    src = NormSource(st.orig, st.plan["norm_input"], st.layer, st.backend, module=self)
     y = norm_apply(x, src, tuple(p for p in self.parameters()))
     if st.group is not None:
         st.group.sources[st.path] = weakref.ref(src)
@@ -235,15 +265,21 @@ def _swiglu_laaq(self: nn.Module, st: "_State", x: torch.Tensor) -> torch.Tensor
     return out
 
 
+def _experts_laaq(self: nn.Module, st: "_State", x: torch.Tensor, top_k_index: torch.Tensor,
+                  top_k_weights: torch.Tensor) -> torch.Tensor:
+    return MoEExpertsFunction.apply(x, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj, self,
+                                    st.plan["mlp_act_input"], st.layer, st.backend)
+
+
 def _attention_laaq(self: nn.Module, st: "_State", *args: Any, **kwargs: Any) -> Any:
     with attention_core_hooks(st.plan["attention_core"], st.layer, st.backend):
         return st.orig(*args, **kwargs)
 
 
 _LAAQ_FORWARDS = {"norm": _norm_laaq, "linear": _linear_laaq, "swiglu": _swiglu_laaq,
-                  "attention_core": _attention_laaq}
+                  "attention_core": _attention_laaq, "moe_experts": _experts_laaq}
 _FORWARDS = {"norm": _norm_forward, "linear": _linear_forward, "swiglu": _swiglu_forward,
-             "attention_core": _attention_forward}
+             "attention_core": _attention_forward, "moe_experts": _experts_forward}
 
 
 @functools.lru_cache(maxsize=1)
@@ -263,6 +299,8 @@ def _patch(m: nn.Module, st: _State) -> None:
     st.had_forward = "forward" in m.__dict__
     st.old_forward = m.__dict__.get("forward")
     st.laaq = _eager()[st.kind]  # resolved here, outside any trace
+    if st.kind != "attention_core":
+        ops.ensure_registered()  # the custom ops the traced paths call
     m.__dict__[_STATE_ATTR] = st
     m.forward = types.MethodType(_FORWARDS[st.kind], m)
 
@@ -333,6 +371,18 @@ class _Group:
         self.linears: list[tuple[str, str, int | None, RolePlan, str]] = []   # (rel path, role, layer, plan, expect)
         self.sources: dict[str, weakref.ref] = {}
         self._failed: set[str] = set()
+        # under torch.compile (agoq_core.laaq.traced): converted readers per norm, and each norm's output
+        # and kept input of the current forward (removed by its last reader)
+        self.expects: dict[str, int] = {}
+        self.traced: dict[str, tuple] = {}
+        self.left: dict[str, int] = {}
+        self.lora = False          # a PEFT wrapper is converted here: the layer runs the eager paths
+
+    def add_reader(self, expect: str, m: Any) -> None:
+        if expect:
+            self.expects[expect] = self.expects.get(expect, 0) + 1
+        if is_lora_wrapper(m):
+            self.lora = True
 
     def checkpointed(self) -> bool:
         m = self.layer_module
@@ -412,6 +462,8 @@ class _Converter:
         self._done(m, path, _State("linear", m.forward, layer, plan, self.config.backend, role=role, group=group,
                                    path=path, expect=expect, alias_hint=alias_hint),
                    {role: _fmt_name(plan[role])})
+        if group is not None:
+            group.add_reader(expect, m)
         return True
 
     def swiglu(self, m: Any, path: str, layer: int | None, plan: RolePlan, names: tuple[str, str, str, str], *,
@@ -432,6 +484,22 @@ class _Converter:
             return False
         self._done(m, path, _State("swiglu", m.forward, layer, plan, self.config.backend, names=names, group=group,
                                    path=path, expect=expect),
+                   {"mlp_act_input": _fmt_name(plan["mlp_act_input"])})
+        if group is not None:
+            group.add_reader(expect, m)
+            for n in (x for x in names[:3] if x):
+                if is_lora_wrapper(_get(m, n)):
+                    group.lora = True
+        return True
+
+    def experts(self, m: Any, path: str, layer: int | None, plan: RolePlan, group: _Group | None = None) -> bool:
+        problem = experts_problem(m) if isinstance(m, nn.Module) else "not found"
+        if problem is None and is_converted(m):
+            problem = "already converted"
+        if problem:
+            self.skip(path, f"MoE experts not converted: {problem}")
+            return False
+        self._done(m, path, _State("moe_experts", m.forward, layer, plan, self.config.backend, group=group, path=path),
                    {"mlp_act_input": _fmt_name(plan["mlp_act_input"])})
         return True
 
@@ -514,6 +582,7 @@ def apply(model: nn.Module, config: LAAQConfig | None = None, *,
                                      f"{type(model).__name__} (its layers: {_ranges(indices)}; 0-based, HF "
                                      "self_attn.layer_idx)")
         log.warning("agoq LAAQ: %s", report.skipped[-1].reason)
+    mlp_left: list[tuple[str, LayerFamily]] = []
     try:
         last_row = None
         for order, (name, layer, row) in enumerate(layers):
@@ -541,11 +610,19 @@ def apply(model: nn.Module, config: LAAQConfig | None = None, *,
                 conv.swiglu(_get(layer, row.mlp), p + row.mlp, idx, plan, names, group=g, expect=row.post_norm)
             elif not row.mlp:
                 conv.skip(p + (row.post_norm or "mlp"), f"family {row.name!r}: {row.mlp_note or 'MLP not converted'}")
+                if not (row.experts and conv.experts(_get(layer, row.experts), p + row.experts, idx, plan, g)):
+                    mlp_left.append((p + (row.experts or row.post_norm or "mlp"), row))
         if config.convert_final_norm and last_row is not None:
             _convert_final(conv, report, model, core, last_row, config.plan(None))
     except BaseException:
         report.undo()
         raise
+    if mlp_left:  # never silent: say which MLPs keep their activations in 16 bits
+        fams = sorted({r.name for _, r in mlp_left})
+        why = next((s.reason for s in report.skipped if s.path == mlp_left[0][0]), mlp_left[0][1].mlp_note)
+        log.warning("agoq LAAQ: the MLP of %d decoder layer(s) of %s (family %s: %s .. %s) is NOT converted and keeps "
+                    "its activations as PyTorch does: %s. See report.skipped.", len(mlp_left),
+                    type(model).__name__, "/".join(fams), mlp_left[0][0], mlp_left[-1][0], why or "no MLP row")
     report._owner = [model] if core is model else [model, core]  # remove() works from either (PEFT's
     for owner in report._owner:                                     # merge_and_unload returns the core)
         owner.__dict__[_REPORT_ATTR] = report

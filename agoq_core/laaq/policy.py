@@ -9,7 +9,10 @@
 
 Per decoder layer: ``bf16`` leaves it as is; ``laaq:FMT`` runs ``laaq.apply`` on that layer alone (every
 quantized role in FMT, the attention core 16-bit); ``ckpt`` wraps it in torch's ``checkpoint_wrapper``
-(non-reentrant torch.utils.checkpoint); ``qckpt:FMT`` wraps it in :class:`QuantizedCheckpoint`. Wrappers
+(non-reentrant torch.utils.checkpoint); ``laaq-mlp:FMT`` converts only the MLP half (post-attention norm and
+gated MLP; the attention half stays as it is); ``sac`` wraps it the same way with torchtitan's op-level selective
+checkpointing policy (:func:`sac_context_fn`: the outputs of every other GEMM and of the attention kernel are
+kept, the rest recomputed); ``qckpt:FMT`` wraps it in :class:`QuantizedCheckpoint`. Wrappers
 keep state_dict keys (parameter names seen from the root gain ``_checkpoint_wrapped_module.``, as with
 torch's checkpoint_wrapper). With a plan made for the chunked loss, the final norm is
 converted too (LAAQ nf4), so ``chunked_linear_cross_entropy(model.model(ids).last_hidden_state, ...)``
@@ -24,9 +27,80 @@ import torch.nn as nn
 
 from agoq_core.errors import AgoqError
 
-__all__ = ["apply_policy", "PolicyReport", "decoder_layers"]
+__all__ = ["apply_policy", "PolicyReport", "decoder_layers", "sac_context_fn"]
 
 _ATTR = "_agoq_policy_report"
+
+
+def sac_context_fn():
+    """torchtitan's op-level selective-checkpointing policy (torchtitan 0.3,
+    ``distributed/activation_checkpoint.py``, ``SelectiveAC``), for ``checkpoint(..., context_fn=...)``: keep
+    the outputs of the compute-intensive ops of torch's partitioner (``get_default_op_list()``: mm, bmm,
+    addmm, _scaled_mm, the SDPA/flash/efficient attention kernels, ...) plus cuDNN/math attention, aten.max
+    (float8 amax), linear, topk and the reduce-scatter / all-to-all collectives -- except every other
+    mm/linear, counted per layer -- and recompute everything else. Re-stated so no torchtitan install is
+    needed (the CPU flash attention op is added so the policy behaves the same on CPU)."""
+    from collections import defaultdict
+
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    ops = torch.ops.aten
+    save = set()
+    try:
+        from torch._functorch.partitioners import get_default_op_list
+
+        save |= {op.default for op in get_default_op_list().compute_intensive_ops}
+    except (ImportError, AttributeError):  # an older torch: the ops torchtitan 0.2 listed
+        save |= {ops.mm.default, ops._scaled_dot_product_efficient_attention.default,
+                 ops._scaled_dot_product_flash_attention.default}
+    for name in ("_scaled_dot_product_cudnn_attention", "_scaled_dot_product_attention_math",
+                 "_scaled_dot_product_fused_attention_overrideable", "_scaled_dot_product_flash_attention_for_cpu",
+                 "max", "linear", "topk"):
+        if hasattr(ops, name):
+            save.add(getattr(ops, name).default)
+    for name in ("reduce_scatter_tensor", "all_to_all_single"):
+        if hasattr(torch.ops, "_c10d_functional") and hasattr(torch.ops._c10d_functional, name):
+            save.add(getattr(torch.ops._c10d_functional, name).default)
+    mm_ops = (ops.mm.default, ops.linear.default)
+
+    def context_fn():
+        meta: dict = defaultdict(int)
+
+        def policy(ctx, func, *args, **kwargs):
+            key = f"{'recompute' if ctx.is_recompute else 'forward'}_mm_count"
+            if func in mm_ops:
+                meta[key] += 1
+            keep = func in save and not (func in mm_ops and meta[key] % 2 == 0)
+            return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+        return create_selective_checkpoint_contexts(policy)
+
+    return context_fn
+
+
+def _laaq_mlp(layer: nn.Module, index: int, fmt: str, backend: str | None) -> list:
+    """LAAQ on the MLP half of a decoder layer only (its post-attention norm keeps its input in ``fmt``, the
+    gated MLP its gate/up outputs); the attention half stays as it is."""
+    from agoq_core.laaq.config import LAAQConfig
+    from agoq_core.laaq.families import match_family
+    from agoq_core.laaq.integrate import _get, convert_norm, convert_swiglu
+
+    row = match_family(layer)
+    if row is None or not row.mlp or row.gate_up_proj or row.unsupported:
+        why = (row.mlp_note or row.unsupported or "fused gate_up projection") if row else "unknown family"
+        raise AgoqError(f"laaq-mlp: {type(layer).__name__} has no separate gate/up/down MLP LAAQ converts "
+                        f"({why}); use laaq:FMT for this layer")
+    cfg = LAAQConfig(norm_input=fmt, mlp_act_input=fmt, attn_out_input=fmt, linear_input=fmt, convert_final_norm=False,
+                     backend=backend)
+    reps = [convert_norm(_get(layer, row.post_norm), cfg, layer=index)]
+    try:
+        reps.append(convert_swiglu(_get(layer, row.mlp), cfg, gate=row.gate_proj, up=row.up_proj, down=row.down_proj,
+                                   act=row.act_fn, layer=index))
+    except BaseException:
+        reps[0].undo()
+        raise
+    return reps
 
 
 def decoder_layers(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
@@ -47,9 +121,13 @@ class PolicyReport:
     choices: tuple[str, ...]
     laaq_reports: list = field(default_factory=list, repr=False)
     _wrapped: list = field(default_factory=list, repr=False)
+    _compiled: list = field(default_factory=list, repr=False)
     _model: Any = field(default=None, repr=False)
 
     def undo(self) -> None:
+        for mod in self._compiled:
+            mod._compiled_call_impl = None  # what nn.Module.compile set
+        self._compiled.clear()
         for rep in reversed(self.laaq_reports):
             rep.undo()
         self.laaq_reports.clear()
@@ -68,10 +146,12 @@ class PolicyReport:
 
 
 def apply_policy(model: nn.Module, plan: Any, *, convert_final_norm: bool | None = None,
-                 backend: str | None = None) -> PolicyReport:
+                 backend: str | None = None, compile_backend: str = "inductor") -> PolicyReport:
     """Apply ``plan`` (a BudgetPlan, or one option name per decoder layer) to ``model``; returns the report.
 
-    ``convert_final_norm``: default True when the plan is for the chunked loss."""
+    ``convert_final_norm``: default True when the plan is for the chunked loss. Options whose kind ends in
+    ``-c`` (``bf16-c``, ``sac-c``, ``laaq-c:nf4``) are also ``torch.compile``'d, layer by layer, with
+    ``compile_backend`` (LAAQ's own autograd functions still run eagerly inside a compiled layer)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
     from agoq_core.laaq.config import LAAQConfig
@@ -94,16 +174,25 @@ def apply_policy(model: nn.Module, plan: Any, *, convert_final_norm: bool | None
     report = PolicyReport(choices=tuple(k if f is None else f"{k}:{f}" for k, f in parsed))
     try:
         for i, ((parent, attr, layer), (kind, fmt)) in enumerate(zip(layers, parsed)):
+            compiled = kind.endswith("-c")
+            kind = kind[:-2] if compiled else kind
             if kind == "laaq":
                 cfg = LAAQConfig(norm_input=fmt, mlp_act_input=fmt, attn_out_input=fmt, linear_input=fmt,
                                  convert_final_norm=False, backend=backend)
                 report.laaq_reports.append(laaq_apply(layer, cfg))
-            elif kind == "ckpt":
-                parent._modules[attr] = checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+            elif kind == "laaq-mlp":
+                report.laaq_reports.extend(_laaq_mlp(layer, i, fmt, backend))
+            elif kind in ("ckpt", "sac"):
+                kw = {"context_fn": sac_context_fn()} if kind == "sac" else {}
+                parent._modules[attr] = checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT, **kw)
                 report._wrapped.append((parent, attr, layer))
             elif kind == "qckpt":
                 parent._modules[attr] = QuantizedCheckpoint(layer, fmt, layer_index=i, backend=backend)
                 report._wrapped.append((parent, attr, layer))
+            if compiled:
+                mod = parent._modules[attr]
+                mod.compile(backend=compile_backend)
+                report._compiled.append(mod)
         want_final = convert_final_norm if convert_final_norm is not None else getattr(plan, "loss", "") == "chunked"
         if want_final:
             norm = getattr(getattr(model, "model", model), "norm", None)

@@ -18,26 +18,38 @@ option            what the layer keeps for backward                      extra t
 ================  ====================================================  =================================
 ``bf16``          everything HF keeps (``hf_plain_layer_bytes``)         none
 ``laaq:FMT``      LAAQ (paper policy, every quantized role in FMT)       codecs + norm/SwiGLU recompute
+``laaq-mlp:FMT``  attention half as bf16, MLP half as LAAQ                MLP codecs + norm/SwiGLU recompute
+``sac``           input + every other GEMM output + attention output     3 of 7 GEMMs + elementwise again
+                  (torchtitan's op-level selective checkpointing)
 ``ckpt``          its bf16 input (torch.utils.checkpoint)                one more forward of the layer
 ``qckpt:FMT``     its input in FMT (QuantizedCheckpoint)                 one more forward + input codec
 ================  ====================================================  =================================
 
+A kind ending in ``-c`` (``bf16-c``, ``sac-c``, ``laaq-c:nf4``, ...) is the same layer ``torch.compile``'d;
+its costs must be measured (``measured=``; ``benchmarks/bench_layer_profile.py`` measures every option of
+one layer at a sequence length), as may any other option's: then the plan is made from measured per-layer
+costs, not from the model.
+
 Memory (peak allocated bytes of a training step, batch ``b`` x sequence ``S`` = ``T`` tokens)::
 
-    peak = static + fixed + sum_l saved(l) + max(head_saved + head_transient, max_l transient(l))
+    peak = static + fixed + max(sum_l saved(l) + head_saved + head_transient,
+                                max_l (sum_{j <= l} saved(j) + transient(l)))
 
 ``static``: weights, gradients and optimizer state (``planner.memory.static_bytes``; gradients are
 counted for the whole step: the benchmark zeroes them without freeing, as torch's DDP/FSDP buckets and
 Megatron's grad buffer do). ``fixed``: token ids and the RoPE tables. ``saved(l)``: what layer ``l`` keeps
 from its forward to its backward. ``transient(l)``: what exists on top while its backward runs (for a
 recomputed layer, the whole recomputed layer). The head (final norm, LM head, loss) keeps
-``head_saved`` until its backward, which needs ``head_transient`` more.
+``head_saved`` until its backward, which needs ``head_transient`` more. Backward runs from the last layer
+to the first and each layer frees what it kept, so while layer ``l``'s backward runs only layers
+``0..l`` still hold theirs: a recomputed layer placed first costs its recomputation on top of almost
+nothing. (Until 2026-12-01 the planner added the largest transient to *all* layers' saved bytes: 10%
+over the measured peak at 64K on the H200, where the plan had 7 recomputed layers.)
 
-The solver (:func:`solve_budget`) is exact: for every distinct transient level ``t`` it restricts each
-layer to options whose transient is at most ``t`` and solves the remaining multiple-choice knapsack
-(bytes summed, time summed, integer nanoseconds) with the planner's exact solver
-(``planner.solver.solve_rank``, one chunk, one state); the best over all levels is optimal, and every
-candidate's real peak is at most its level's bound, so no answer exceeds the budget.
+The solver (:func:`solve_budget`) is exact: the layers of one model are interchangeable, any mix is best
+run with the largest transients first (lowest layer indices), and a dynamic programme over the layers
+keeps every assignment not beaten in (saved bytes so far, running peak, time) at once -- so no answer
+exceeds the budget and none is slower than another that fits.
 
 Where the numbers come from (docs/laaq.md "Memory-budget policy"):
 
@@ -55,16 +67,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Literal, Mapping, Sequence
 
 from agoq_core.formats.spec import get_format
 from agoq_core.planner.errors import BudgetError, PlannerError
 from agoq_core.planner.memory import ActivationCostTable, StaticMemoryConfig, check_candidates, static_bytes
 from agoq_core.planner.model import TransformerShape, model_shape
-from agoq_core.planner.solver import Option, solve_rank
 
 __all__ = ["plan_budget", "BudgetPlan", "LayerOption", "layer_options", "solve_budget", "HeadCost", "head_cost",
-           "DEFAULT_OPTIONS", "parse_option", "BUDGET_STATIC", "LAAQ_TRANSIENT_FIT"]
+           "DEFAULT_OPTIONS", "parse_option", "BUDGET_STATIC", "LAAQ_TRANSIENT_FIT", "plan_for_choices",
+           "sequence_peak", "option_name"]
 
 Loss = Literal["chunked", "hf"]
 
@@ -118,20 +130,28 @@ class HeadCost:
 
 
 def parse_option(name: str) -> tuple[str, str | None]:
-    """``"laaq:int5"`` -> ("laaq", "int5"); checks the kind and the format."""
+    """``"laaq:int5"`` -> ("laaq", "int5"); checks the kind and the format. A kind may end in ``-c``
+    (``bf16-c``, ``sac-c``, ``laaq-c:nf4``): the layer is torch.compile'd (such options need measured costs,
+    ``plan_budget(measured=...)``: the analytic time model is for eager layers)."""
     if not isinstance(name, str):
         raise PlannerError(f"a budget option must be a string like 'laaq:nf4', got {name!r}")
     kind, _, fmt = name.strip().lower().partition(":")
-    if kind in ("bf16", "ckpt"):
+    base = kind[:-2] if kind.endswith("-c") else kind
+    if base in ("bf16", "ckpt", "sac"):
         if fmt:
-            raise PlannerError(f"option {name!r}: {kind} takes no format")
+            raise PlannerError(f"option {name!r}: {base} takes no format")
         return kind, None
-    if kind in ("laaq", "qckpt"):
+    if base in ("laaq", "laaq-mlp", "qckpt"):
         if not fmt:
             raise PlannerError(f"option {name!r} needs a format, e.g. {kind}:nf4")
         return kind, check_candidates([fmt])[0]
-    raise PlannerError(f"unknown budget option {name!r}; options are bf16, ckpt, laaq:FMT, qckpt:FMT "
-                       f"(FMT an activation format), default {','.join(DEFAULT_OPTIONS)}")
+    raise PlannerError(f"unknown budget option {name!r}; options are bf16, ckpt, sac, laaq:FMT, laaq-mlp:FMT, "
+                       f"qckpt:FMT (FMT an activation format; a kind ending in -c is compiled), default "
+                       f"{','.join(DEFAULT_OPTIONS)}")
+
+
+def option_name(kind: str, fmt: str | None) -> str:
+    return kind if fmt is None else f"{kind}:{fmt}"
 
 
 def _dev(device):
@@ -141,8 +161,13 @@ def _dev(device):
 
 
 def layer_options(shape: TransformerShape, *, seq_len: int, batch: int = 1, device="H200",
-                  options: Sequence[str] = DEFAULT_OPTIONS) -> list[LayerOption]:
-    """Bytes and seconds of each option for one decoder layer of ``shape``."""
+                  options: Sequence[str] = DEFAULT_OPTIONS, measured: Mapping[str, Mapping] | None = None
+                  ) -> list[LayerOption]:
+    """Bytes and seconds of each option for one decoder layer of ``shape``.
+
+    ``measured``: option name -> ``{"saved_bytes", "transient_bytes", "time_s"}`` measured for one layer at
+    this sequence length and batch (``benchmarks/bench_layer_profile.py`` writes them under ``costs``);
+    those replace the model's numbers. Compiled options (``-c``) exist only measured."""
     from agoq_core.scale import compute as C
     from agoq_core.scale.memory import hf_plain_layer_bytes
 
@@ -160,21 +185,52 @@ def layer_options(shape: TransformerShape, *, seq_len: int, batch: int = 1, devi
     rows = min(T, max(1, _SWIGLU_CHUNK_ELEMS // i))
     laaq_work = LAAQ_TRANSIENT_FIT[0] * rows * i + LAAQ_TRANSIENT_FIT[1] * T * h
     names = [parse_option(o) for o in options]
-    fmts = sorted({f for k, f in names if k == "laaq"})
+    fmts = sorted({f for k, f in names if k in ("laaq", "laaq-mlp")})
     table = ActivationCostTable.from_formula(shape, tokens=T, formats=fmts, seq_len=S) if fmts else None
     out, seen = [], set()
+    measured = {option_name(*parse_option(k)): v for k, v in (measured or {}).items()}
     for kind, fmt in names:
-        name = kind if fmt is None else f"{kind}:{fmt}"
+        name = option_name(kind, fmt)
         if name in seen:
             continue
         seen.add(name)
+        if name in measured:
+            m = measured[name]
+            try:
+                out.append(LayerOption(name, int(m["saved_bytes"]), int(m["transient_bytes"]), float(m["time_s"])))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise PlannerError(f"measured costs for {name!r} need saved_bytes, transient_bytes and time_s "
+                                   f"(numbers), got {m!r}") from exc
+            continue
+        if kind.endswith("-c"):
+            raise PlannerError(f"option {name!r} (compiled) has no analytic time model; give its measured per-layer "
+                               f"costs (plan_budget(measured=...), from benchmarks/bench_layer_profile.py) or use "
+                               f"{option_name(kind[:-2], fmt)!r}")
         if kind == "bf16":
             out.append(LayerOption(name, plain, work, base))
         elif kind == "laaq":
             lf, lb = C.laaq_overhead(shape, T, dev, fmt, quantize_attn_out=False, elementwise="hf")
             out.append(LayerOption(name, table.bytes_for(fmt), laaq_work, base + lf + lb))
+        elif kind == "laaq-mlp":
+            # the MLP half of hf_plain_layer_bytes (post-norm fp32 input + normalized + rstd, the gate/up input,
+            # gate, up, silu(gate), down input) replaced by LAAQ's (post-norm input, gate and up in fmt)
+            spec = get_format(fmt)
+            mlp_plain = 6 * T * h + 4 * T + 2 * T * h + 8 * T * i
+            mlp_laaq = spec.storage_bytes(T * h) + 2 * spec.storage_bytes(T * i)
+            lf, lb = C.laaq_overhead(shape, T, dev, fmt, quantize_attn_out=False, elementwise="hf")
+            share = (h + 2 * i) / (2 * h + 2 * i)  # of LAAQ's codec and recompute work: one norm and the MLP
+            out.append(LayerOption(name, plain - mlp_plain + mlp_laaq, laaq_work, base + share * (lf + lb)))
         elif kind == "ckpt":
             out.append(LayerOption(name, 2 * T * h, plain + work, base + recompute))
+        elif kind == "sac":
+            # torchtitan's op-level SAC on an HF Llama layer (agoq_core.laaq.policy.sac_context_fn): keeps the
+            # layer input, the outputs of mm 1, 3, 5, 7 of q, k, v, o, gate, up, down (q, v, gate, down) and
+            # SDPA's output + fp32 logsumexp; recomputes k, o and up and every elementwise op
+            kv = shape.kv_dim
+            sac = 2 * T * (4 * h + kv + i) + 4 * T * shape.heads
+            frac = (h * kv + h * h + h * i) / (2 * h * h + 2 * h * kv + 3 * h * i)
+            out.append(LayerOption(name, sac, max(0, plain - sac + 2 * T * h) + work,
+                                   base + frac * lc.gemm_fwd + lc.elementwise_fwd + dev.layer_overhead_s / 3))
         else:  # qckpt: the input in fmt, dequantized (2 B x T x h) while the layer is recomputed
             codec = C._codec_s(dev, "quantize", fmt, T * h) + C._codec_s(dev, "dequantize", fmt, T * h)
             out.append(LayerOption(name, get_format(fmt).storage_bytes(T * h), plain + work + 2 * T * h,
@@ -214,34 +270,136 @@ def _ns(seconds: float) -> int:
 @dataclass(frozen=True)
 class _Solved:
     choices: tuple[int, ...]
+    """Per position (the order backward frees them in reverse), the index of the chosen option."""
     time_ns: int
     saved: int
     transient: int
+    """Peak minus ``saved``: what the worst moment of the backward holds on top of every layer's saved bytes
+    (it can be less than a layer's own transient: that layer's backward runs after the layers above it
+    freed theirs)."""
+
+    @property
+    def peak(self) -> int:
+        return self.saved + self.transient
 
 
-def solve_budget(units: Sequence[Sequence[LayerOption]], cap: int, *, floor_transient: int = 0) -> _Solved | None:
-    """Per unit one option, minimising summed time, with ``sum saved + max(floor, max transient) <= cap``.
+def sequence_peak(picked: Sequence[LayerOption], floor_transient: int = 0) -> int:
+    """Peak of a backward over layers in this order (index 0 = the first layer, whose backward runs last):
+    ``max(floor + sum saved, max_l (sum_{j <= l} saved_j + transient_l))`` -- while layer ``l``'s backward
+    runs, the layers above it have freed what they kept; the head (``floor``) runs with all of them alive."""
+    run, peak = 0, 0
+    for o in picked:
+        run += o.saved_bytes
+        peak = max(peak, run + o.transient_bytes)
+    return max(peak, run + floor_transient)
 
-    Exact (see the module docstring); None when nothing fits. Ties: lower peak, then the first option."""
+
+def _prune(units: Sequence[Sequence[LayerOption]]) -> list[list[int]]:
+    """Per unit, the options no other option of the unit beats in saved, transient and time alike (ties:
+    the first). Removing a dominated option never loses the optimum: putting the dominating one in its
+    place lowers no constraint's slack and no time."""
+    keep = []
+    for u in units:
+        k = []
+        for j, o in enumerate(u):
+            key = (o.saved_bytes, o.transient_bytes, _ns(o.time_s))
+            dominated = False
+            for i, p in enumerate(u):
+                if i == j:
+                    continue
+                pk = (p.saved_bytes, p.transient_bytes, _ns(p.time_s))
+                if all(a <= b for a, b in zip(pk, key)) and (pk != key or i < j):
+                    dominated = True
+                    break
+            if not dominated:
+                k.append(j)
+        keep.append(k)
+    return keep
+
+
+def solve_budget(units: Sequence[Sequence[LayerOption]], cap: int, *, floor_transient: int = 0,
+                 reorder: bool = False, use_time: bool = True) -> _Solved | None:
+    """Per unit one option, minimising summed time, with :func:`sequence_peak` ``<= cap``.
+
+    ``reorder=False``: the units are layers in this order. ``reorder=True``: the units are interchangeable
+    (every unit has the same options, as the decoder layers of one model) and the layers may be placed in
+    any order: the answer lists them with the largest transient first (an exchange argument shows that
+    order minimises the peak of any given mix: swapping a neighbouring pair into it lowers or keeps the
+    larger of their two constraints), which the solver enforces while it searches.
+
+    Exact: a dynamic programme over positions keeping, per state, only assignments no other beats in
+    saved bytes so far, the running peak and time (integer nanoseconds) at once -- the rest of the
+    sequence affects all of them alike. None when nothing fits. Ties: the lower peak.
+    ``use_time=False`` minimises the peak alone (what the smallest budget is)."""
     if not units or any(len(u) == 0 for u in units):
         raise PlannerError("solve_budget: every unit needs at least one option")
-    levels = sorted({max(floor_transient, o.transient_bytes) for u in units for o in u})
-    best: _Solved | None = None
-    for lv in levels:
-        allowed = [[j for j, o in enumerate(u) if max(floor_transient, o.transient_bytes) <= lv] for u in units]
-        if any(not a for a in allowed) or cap - lv < 0:
+    if reorder and any([(o.name, o.saved_bytes, o.transient_bytes, o.time_s) for o in u] !=
+                       [(o.name, o.saved_bytes, o.transient_bytes, o.time_s) for o in units[0]] for u in units):
+        raise PlannerError("solve_budget(reorder=True) needs units with the same options (interchangeable layers)")
+    keep = _prune(units)
+    if reorder:
+        u0 = units[0]
+        # largest transient first; the rank constrains the sequence to non-increasing transients
+        ranked = sorted(keep[0], key=lambda j: (-u0[j].transient_bytes, j))
+        rank = {j: r for r, j in enumerate(ranked)}
+    # state key: (rank of the last option or 0) -> list of (saved, running peak, time, back-pointer)
+    states: dict[int, list[tuple[int, int, int, tuple | None]]] = {0: [(0, 0, 0, None)]}
+    n = len(units)
+    for pos in range(n):
+        u = units[pos]
+        nxt: dict[int, list] = {}
+        for r, lst in states.items():
+            for s, m, t, bp in lst:
+                for j in keep[pos]:
+                    if reorder and rank[j] < r:
+                        continue
+                    o = u[j]
+                    s2 = s + o.saved_bytes
+                    m2 = max(m, s2 + o.transient_bytes)
+                    if m2 > cap or s2 + floor_transient > cap:
+                        continue
+                    t2 = t + (_ns(o.time_s) if use_time else 0)
+                    nxt.setdefault(rank[j] if reorder else 0, []).append((s2, m2, t2, (bp, j)))
+        states = {r: _pareto(lst) for r, lst in nxt.items()}
+        if not states:
+            return None
+    best = None
+    for lst in states.values():
+        for s, m, t, bp in lst:
+            peak = max(m, s + floor_transient)
+            if best is None or (t, peak) < (best[0], best[1]):
+                best = (t, peak, s, bp)
+    t, peak, s, bp = best
+    ch: list[int] = []
+    while bp is not None:
+        bp, j = bp
+        ch.append(j)
+    ch.reverse()
+    return _Solved(tuple(ch), t, s, peak - s)
+
+
+def _pareto(lst: list) -> list:
+    """Entries no other entry beats in (saved, running peak, time) at once; for equal triples the first."""
+    import bisect
+
+    lst.sort(key=lambda e: (e[0], e[2], e[1]))
+    out: list = []
+    # staircase of the kept entries' (time, peak): times ascending, peaks strictly descending, so the
+    # smallest peak among entries at most as slow as t is the one just left of t's insertion point
+    times: list[int] = []
+    peaks: list[int] = []
+    for e in lst:
+        s, m, t, _ = e
+        i = bisect.bisect_right(times, t)
+        if i and peaks[i - 1] <= m:
             continue
-        chunk = [[Option(u[j].name, u[j].saved_bytes, _ns(u[j].time_s)) for j in a] for u, a in zip(units, allowed)]
-        sol = solve_rank([chunk], [0], [(1,)], cap - lv)
-        if sol is None:
-            continue
-        ch = tuple(a[j] for a, j in zip(allowed, sol.choices[0]))
-        picked = [u[j] for u, j in zip(units, ch)]
-        t = max([floor_transient] + [o.transient_bytes for o in picked])
-        cand = _Solved(ch, sum(_ns(o.time_s) for o in picked), sum(o.saved_bytes for o in picked), t)
-        if best is None or (cand.time_ns, cand.saved + cand.transient) < (best.time_ns, best.saved + best.transient):
-            best = cand
-    return best
+        out.append(e)
+        j = i
+        while j < len(times) and peaks[j] >= m:
+            j += 1
+        times[i:j] = [t]
+        peaks[i:j] = [m]
+    return out
 
 
 # ---- the verb -------------------------------------------------------------------------------------------
@@ -322,7 +480,7 @@ class BudgetPlan:
         st = self.static
         lines += ["", f"  predicted peak {fmt_bytes(self.peak_bytes)} = weights {fmt_bytes(st['params'])} + grads "
                       f"{fmt_bytes(st['grads'])} + optimizer {fmt_bytes(st['optimizer'])} + ids/RoPE "
-                      f"{fmt_bytes(self.fixed_bytes)} + saved {fmt_bytes(self.saved_bytes)} + backward transient "
+                      f"{fmt_bytes(self.fixed_bytes)} + saved {fmt_bytes(self.saved_bytes)} + backward peak on top "
                       f"{fmt_bytes(self.transient_bytes)}",
                   f"  predicted step {self.step_time_s:.3f} s = layers {self.layer_time_s:.3f} + head/loss "
                   f"{self.head_time_s:.3f} + optimizer {self.optimizer_time_s:.3f}  ->  {self.tokens_per_s:,.0f} "
@@ -346,11 +504,13 @@ def _ranges(xs: Sequence[int]) -> str:
 
 def plan_budget(model: object, *, budget: int | str, seq_len: int, batch: int = 1, device="H200",
                 options: Sequence[str] | str = DEFAULT_OPTIONS, loss: Loss = "chunked", headroom: float = 0.02,
-                static: StaticMemoryConfig = BUDGET_STATIC) -> BudgetPlan:
+                static: StaticMemoryConfig = BUDGET_STATIC, measured: Mapping[str, Mapping] | None = None
+                ) -> BudgetPlan:
     """The per-layer mix with the highest predicted tokens/s whose predicted peak fits ``budget``.
 
     ``model``: a preset name, a TransformerShape or an HF config/model. ``budget``: bytes or a string
     (``"80GiB"``) of memory the process may allocate; ``headroom`` of it is left for the allocator.
+    ``measured``: per-layer costs measured at this sequence length (see :func:`layer_options`).
     Raises BudgetError naming the smallest budget that fits when nothing does."""
     from agoq_core.planner.explain import fmt_bytes, parse_bytes
     from agoq_core.scale import compute as C
@@ -371,22 +531,19 @@ def plan_budget(model: object, *, budget: int | str, seq_len: int, batch: int = 
                            f"(default {','.join(DEFAULT_OPTIONS)})")
     dev = _dev(device)
     T = seq_len * batch
-    opts = layer_options(shape, seq_len=seq_len, batch=batch, device=dev, options=options)
+    opts = layer_options(shape, seq_len=seq_len, batch=batch, device=dev, options=options, measured=measured)
     head = head_cost(shape, seq_len=seq_len, batch=batch, device=dev, loss=loss)
-    params = shape.layers * shape.layer_params + shape.embed_params + (
-        0 if shape.tie_embeddings else shape.vocab * shape.hidden) + shape.hidden
+    params = _params(shape)
     st = static_bytes(params, static)
-    fixed = 8 * T + 2 * 2 * T * shape.head_dim  # token ids (int64) + RoPE cos/sin (bf16) shared by all layers
+    fixed = _fixed(shape, T)
     usable = int(budget_b * (1.0 - headroom))
     cap = usable - sum(st.values()) - fixed  # the head's saved bytes enter through the floor
-    sol = solve_budget([opts] * shape.layers, cap, floor_transient=head.saved_bytes + head.transient_bytes)
+    floor = head.saved_bytes + head.transient_bytes
+    sol = solve_budget([opts] * shape.layers, cap, floor_transient=floor, reorder=True)
     if sol is None:
-        smallest = min(opts, key=lambda o: o.saved_bytes)
-        worst_t = max(head.saved_bytes + head.transient_bytes, smallest.transient_bytes)
-        need = sum(st.values()) + fixed + shape.layers * smallest.saved_bytes + worst_t
-        # the true minimum over all mixes (the options' smallest peak): solve with an unbounded cap
-        lo = _min_peak([opts] * shape.layers, head.saved_bytes + head.transient_bytes)
-        need = min(need, sum(st.values()) + fixed + lo)
+        # the true minimum over all mixes and orders: the smallest peak, time ignored
+        lo = solve_budget([opts] * shape.layers, 1 << 62, floor_transient=floor, reorder=True, use_time=False)
+        need = sum(st.values()) + fixed + lo.peak
         raise BudgetError(
             f"{shape.name} at {batch} x {seq_len} tokens does not fit {fmt_bytes(budget_b)} ({fmt_bytes(usable)} "
             f"after {headroom:.0%} headroom) with any per-layer mix of {', '.join(o.name for o in opts)}: the "
@@ -396,11 +553,7 @@ def plan_budget(model: object, *, budget: int | str, seq_len: int, batch: int = 
             f"(qckpt:nf4 keeps the least)")
     picked = [opts[j] for j in sol.choices]
     lf = sum(o.time_s for o in picked)
-    notes = []
-    if sol.transient > head.saved_bytes + head.transient_bytes:
-        notes.append("the peak is reached while a layer's backward runs (its recomputation / workspace)")
-    else:
-        notes.append("the peak is reached in the loss's backward (all layers' saved bytes alive)")
+    notes = [_peak_note(picked, floor)]
     return BudgetPlan(
         model=shape.name, shape=shape, seq_len=seq_len, batch=batch, device=dev.name, budget_bytes=budget_b,
         usable_bytes=usable, headroom=headroom, loss=loss, choices=tuple(o.name for o in picked), options=tuple(opts),
@@ -409,13 +562,58 @@ def plan_budget(model: object, *, budget: int | str, seq_len: int, batch: int = 
         notes=tuple(notes))
 
 
-def _min_peak(units: Sequence[Sequence[LayerOption]], floor: int) -> int:
-    """Smallest ``sum saved + max(floor, max transient)`` over all choices (exact, per transient level)."""
-    best = None
-    for lv in sorted({max(floor, o.transient_bytes) for u in units for o in u}):
-        mins = [min((o.saved_bytes for o in u if max(floor, o.transient_bytes) <= lv), default=None) for u in units]
-        if None in mins:
-            continue
-        v = sum(mins) + lv
-        best = v if best is None else min(best, v)
-    return best
+def _peak_note(picked: Sequence[LayerOption], floor: int) -> str:
+    run, where, peak = 0, None, -1
+    for i, o in enumerate(picked):
+        run += o.saved_bytes
+        if run + o.transient_bytes > peak:
+            peak, where = run + o.transient_bytes, i
+    if run + floor >= peak:
+        return "the peak is reached in the loss's backward (all layers' saved bytes alive)"
+    return (f"the peak is reached while layer {where}'s backward runs ({picked[where].name}: its workspace"
+            f"{' and recomputation' if picked[where].kind in ('ckpt', 'qckpt') else ''}, layers 0-{where} still "
+            "holding what they kept)")
+
+
+def plan_for_choices(model: object, choices: Sequence[str], *, seq_len: int, batch: int = 1, device="H200",
+                     loss: Loss = "chunked", static: StaticMemoryConfig = BUDGET_STATIC,
+                     budget: int | str | None = None, measured: Mapping[str, Mapping] | None = None) -> BudgetPlan:
+    """The predicted peak and step time of a given per-layer mix, in the given layer order (e.g. a plan
+    recorded by a benchmark, or ``["laaq:nf4"] * 32``); nothing is solved. ``budget`` only fills the
+    plan's budget fields (default: the predicted peak)."""
+    from agoq_core.planner.explain import parse_bytes
+    from agoq_core.scale import compute as C
+
+    shape = model_shape(model)
+    if len(choices) != shape.layers:
+        raise PlannerError(f"{len(choices)} choices for {shape.layers} decoder layers of {shape.name}")
+    names = [option_name(*parse_option(c)) for c in choices]
+    dev = _dev(device)
+    opts = layer_options(shape, seq_len=seq_len, batch=batch, device=dev, options=list(dict.fromkeys(names)),
+                         measured=measured)
+    by = {o.name: o for o in opts}
+    picked = [by[n] for n in names]
+    head = head_cost(shape, seq_len=seq_len, batch=batch, device=dev, loss=loss)
+    params = _params(shape)
+    st = static_bytes(params, static)
+    fixed = _fixed(shape, seq_len * batch)
+    floor = head.saved_bytes + head.transient_bytes
+    saved = sum(o.saved_bytes for o in picked)
+    peak = sequence_peak(picked, floor)
+    total = sum(st.values()) + fixed + peak
+    b = total if budget is None else (parse_bytes(budget) if isinstance(budget, str) else budget)
+    return BudgetPlan(
+        model=shape.name, shape=shape, seq_len=seq_len, batch=batch, device=dev.name, budget_bytes=b,
+        usable_bytes=b, headroom=0.0, loss=loss, choices=tuple(names), options=tuple(opts), head=head, static=st,
+        fixed_bytes=fixed, saved_bytes=saved, transient_bytes=peak - saved, layer_time_s=sum(o.time_s for o in picked),
+        head_time_s=head.time_s, optimizer_time_s=C.optimizer_seconds(params, dev, static.optimizer),
+        notes=(_peak_note(picked, floor),))
+
+
+def _params(shape: TransformerShape) -> int:
+    return shape.layers * shape.layer_params + shape.embed_params + (
+        0 if shape.tie_embeddings else shape.vocab * shape.hidden) + shape.hidden
+
+
+def _fixed(shape: TransformerShape, tokens: int) -> int:
+    return 8 * tokens + 2 * 2 * tokens * shape.head_dim  # token ids (int64) + RoPE cos/sin (bf16), shared

@@ -14,6 +14,8 @@ pytest.importorskip("torchtitan")
 from agoq_core.errors import AgoqError  # noqa: E402
 from agoq_core.integrations import torchtitan as tt  # noqa: E402
 
+tt.torch_compat()  # torch < 2.13 (the GPU machine's 2.11): torchtitan 0.3.0 imports only with it
+
 from .tt_helpers import build, loss_of, tiny_spec, tokens  # noqa: E402
 
 REL_TOL = {"nf4": 0.16, "int8": 0.012, "native": 1e-5}
@@ -140,3 +142,47 @@ def test_fsdp2_with_quangrad_on_two_gloo_ranks():
         assert all(abs(x - y) <= 1e-3 * abs(x) for x, y in zip(a, b))
     for name, p in res[0]["laaq_quangrad"]["params"].items():
         assert torch.equal(p, res[1]["laaq_quangrad"]["params"][name])
+
+
+@pytest.mark.dist
+def test_bench_fsdp_grouping_keeps_chunked_loss_training_identical():
+    """benchmarks/bench_torchtitan.py splits torchtitan's fully_shard([norm, lm_head]) on a torch whose
+    FSDP2 lacks partial-forward groups (torch 2.11: the chunked loss then frees norm.weight before the
+    decoder's backward). At world size 1 the split changes no bit: same losses and parameters as
+    torchtitan's own grouping where that runs (torch >= 2.13), and as the unsharded model."""
+    from tests.quangrad.qg_dist import run_ranks
+
+    from .tt_workers import chunked_session
+
+    res = run_ranks(chunked_session, 1)[0]
+    split = res["split"]
+    refs = ["none"] + (["grouped"] if res["partial_forward_groups"] else [])
+    for mode in refs:
+        assert split["losses"] == res[mode]["losses"], mode
+        for name, p in res[mode]["params"].items():
+            assert torch.equal(split["params"][name], p), (mode, name)
+
+
+@pytest.mark.dist
+def test_bench_script_ladder_on_cpu(tmp_path):
+    """benchmarks/bench_torchtitan.py --smoke end to end for one configuration: the longest length first,
+    its (fake) out-of-memory ends that process, a fresh one measures the shorter length; results written."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, OUT=str(tmp_path), OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_torchtitan.py"), "--smoke", "--configs",
+                        "tt_ac_none", "--seqs", "32,64", "--fake-oom-above", "32", "--budget-s", "300"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    res = json.loads((tmp_path / "bench_torchtitan.json").read_text())["results"][0]
+    assert "error" not in res, res
+    assert [(r["seq"], r["status"]) for r in res["runs"]] == [(64, "oom"), (32, "ok")]
+    ok = res["runs"][1]
+    assert ok["tokens_per_s"] > 0 and len(ok["losses"]) == 3 and all(6 < x < 9 for x in ok["losses"])
+    assert res["loss"].startswith("torchtitan ChunkedLossWrapper")
+    assert "| tt_ac_none | " in (tmp_path / "bench_torchtitan.md").read_text()

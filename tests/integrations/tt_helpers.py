@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import torch
 
+from agoq_core.integrations.torchtitan import torch_compat
+
+torch_compat()  # torchtitan 0.3.0 imports on torch < 2.13 only with it (a no-op on 2.13); spawned ranks too
+
 
 def tiny_spec(converters=None, layers: int = 2):
     from torchtitan.models.common.attention import ScaledDotProductAttention

@@ -30,3 +30,22 @@ def test_bench_laaq_tiny_runs_end_to_end(tmp_path):
     assert runs[("laaq", 32)]["parts"]["logits_loss"] < runs[("plain", 32)]["parts"]["logits_loss"]
     assert abs(runs[("laaq", 32)]["loss"] - runs[("plain", 32)]["loss"]) < 1e-2  # same model, same data
     assert rep["meta"]["agoq_backend"] in ("cpu", "reference") and "LAAQ on LlamaForCausalLM" in rep["laaq_report"]
+
+
+def test_bench_grad_error_plots_a_saved_report(tmp_path):
+    """--plot-from draws the committed H200 report; a report with no measured phase is refused by name."""
+    src = ROOT / "docs" / "bench" / "h200-2026-12-01-s2" / "bench_grad_error.json"
+    png = tmp_path / "g.png"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_grad_error.py"), "--plot-from", str(src), "--png", str(png)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+    rep = json.loads(src.read_text())
+    last = list(rep["phases"])[-1]
+    rep["phases"][last] = {k: {} for k in rep["phases"][last]}
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps(rep))
+    res = subprocess.run(cmd[:3] + [str(empty), "--png", str(tmp_path / "e.png")], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert res.returncode != 0 and "no measurement to draw" in res.stderr

@@ -1,39 +1,22 @@
 """LAAQ under torch.compile.
 
-* Training: the LAAQ paths of converted modules run eagerly (torch.compiler.disable: their autograd
-  functions keep Python state for backward), the code between them (attention, RoPE, residuals) is
-  compiled, and the numerics are those of eager LAAQ with the default policy: the out-projection keeps
-  its input by reference in both (eager sees that SDPA keeps its output; behind a compiled producer
-  the model's attention implementation decides).
+* Training: while compiling, converted norms, linears and SwiGLU MLPs run LAAQ's traceable path
+  (agoq_core.laaq.traced: codecs as ``agoq::`` custom ops, state through module state): a compiled
+  decoder layer has no graph break, ``fullgraph=True`` compiles forward and backward, the kept bits
+  are eager LAAQ's, and gradients equal eager LAAQ's (bit for bit with ``aot_eager``; within fp32
+  rounding, 1e-5, with Inductor, which reorders sums and fuses the code around LAAQ).
 * Inference (autograd off): LAAQ is invisible to the compiler -- the converted forwards run the
-  modules' own forwards before reaching anything disabled, so ``fullgraph=True`` compiles.
+  modules' own forwards, so ``fullgraph=True`` compiles.
+* Where the traced path does not apply (PEFT LoRA wrappers, the attention-core ablation) the eager
+  LAAQ path runs behind ``torch.compiler.disable``: graph breaks, same numerics.
 """
 from __future__ import annotations
 
 import pytest
 import torch
 
-from agoq_core.laaq import apply, remove
+from agoq_core.laaq import LAAQConfig, apply, remove
 from tests.laaq.conftest import grads, rel_err, small_batch, small_model
-
-
-@pytest.mark.slow
-def test_compiled_model_gives_eager_laaq_gradients():
-    torch._dynamo.reset()
-    model = small_model("llama")
-    ids = small_batch()
-    apply(model)  # the default policy (attn_out_input nf4, kept by reference behind SDPA)
-    l0, g0 = grads(model, ids)
-    compiled = torch.compile(model, backend="aot_eager")
-    compiled.zero_grad(set_to_none=True)
-    out = compiled(input_ids=ids, labels=ids)
-    out.loss.backward()
-    g1 = {n: p.grad for n, p in model.named_parameters()}
-    assert torch.equal(out.loss.detach(), l0)
-    errs = {n: rel_err(g0[n], g1[n]) for n in g0}
-    assert max(errs.values()) < 1e-6, errs  # fp32 rounding of a re-ordered sum at most
-    remove(model)
-    torch._dynamo.reset()
 
 
 def test_inference_compiles_fullgraph_with_laaq_applied():
@@ -51,18 +34,193 @@ def test_inference_compiles_fullgraph_with_laaq_applied():
     torch._dynamo.reset()
 
 
-def test_graph_breaks_of_a_compiled_decoder_layer_in_training():
-    """Measured, not a goal met: each converted module's LAAQ path is one graph break (norm, q, k, v,
-    o, norm, MLP = 7 per Llama layer); docs/integrations.md records the count."""
+def _layer_step(model, seq: int = 32):
+    layer = model.model.layers[0]
+    x = torch.randn(2, seq, model.config.hidden_size, requires_grad=True)
+    pos = model.model.rotary_emb(x, torch.arange(seq)[None].expand(2, -1))
+
+    def step(x):
+        return layer(x, position_embeddings=pos, attention_mask=None).square().sum()
+
+    return layer, x, step
+
+
+def _grads(module, x):
+    out = {n: p.grad.clone() for n, p in module.named_parameters()}
+    out["input"] = x.grad.clone()
+    module.zero_grad(set_to_none=True)
+    x.grad = None
+    return out
+
+
+@pytest.mark.parametrize("backend", [None, "reference"])  # None: the auto-selected one (agoq-cpu where installed)
+def test_compiled_decoder_layer_has_no_graph_break_and_eager_gradients(backend, monkeypatch):
+    """Was 4 graph breaks (torch 2.13), one per run of eagerly executed LAAQ modules."""
+    if backend is not None:
+        monkeypatch.setenv("AGOQ_BACKEND", backend)
     torch._dynamo.reset()
     model = small_model("llama", layers=1)
     apply(model)
-    layer = model.model.layers[0]
-    x = torch.randn(2, 32, 64, requires_grad=True)
-    pos = model.model.rotary_emb(x, torch.arange(32)[None].expand(2, -1))
-    explain = torch._dynamo.explain(layer)(x, position_embeddings=pos, attention_mask=None)
-    reasons = [str(r.reason).split("\n")[0] for r in explain.break_reasons]
-    assert 1 <= explain.graph_break_count <= 7, reasons  # 4 with torch 2.13 (dynamo merges neighbours)
-    assert all("disable" in r for r in reasons), reasons  # only where LAAQ runs eagerly
+    layer, x, step = _layer_step(model)
+    explain = torch._dynamo.explain(step)(x)
+    assert explain.graph_break_count == 0, [str(r.reason).split("\n")[0] for r in explain.break_reasons]
+    assert explain.graph_count == 1
+    l0 = step(x)
+    l0.backward()
+    g0 = _grads(layer, x)
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    l1 = compiled(x)
+    l1.backward()  # the backward graph holds the norm/act derivatives and the agoq:: codecs
+    g1 = _grads(layer, x)
+    assert torch.equal(l0.detach(), l1.detach())
+    for n in g0:  # same kept bits, same derivative formulas, same summation order
+        assert torch.equal(g0[n], g1[n]), n
     remove(model)
+    torch._dynamo.reset()
+
+
+def test_compiled_llama_fullgraph_gives_eager_laaq_bits():
+    """The whole LlamaForCausalLM (2 layers, final norm + LM head converted), fullgraph, forward+backward:
+    loss and every gradient bit-identical to eager LAAQ. The graphs call the codecs as custom ops:
+    forward one agoq::quantize per kept tensor (2 norm inputs + gate + up per layer, the final norm),
+    backward one agoq::dequantize per reader (norm backward, q, k, v; norm backward, MLP's rebuild of
+    its input, g, u; final norm and LM head). The out-projection input is kept by reference (SDPA)."""
+    torch._dynamo.reset()
+    model = small_model("llama")
+    ids = small_batch()
+    apply(model)
+
+    def step(i):
+        return model(input_ids=i, labels=i).loss
+
+    l0, g0 = grads_of(model, step, ids)
+    ops = {}
+    l1, g1 = grads_of(model, torch.compile(step, fullgraph=True, backend=_grabbing_aot(ops)), ids)
+    assert torch.equal(l0, l1)
+    for n in g0:
+        assert torch.equal(g0[n], g1[n]), n
+    assert ops["fw"] == ["agoq.quantize.default"] * 9
+    assert ops["bw"] == ["agoq.dequantize.default"] * 18
+    remove(model)
+    torch._dynamo.reset()
+
+
+def test_compiled_layer_under_bf16_autocast():
+    """bf16 autocast: the compiled attention backward (not LAAQ) already differs from eager's, so LAAQ's
+    compiled-vs-eager difference is bounded by the plain layer's own (measured on the 2-layer model:
+    5.1e-3 vs 5.2e-3)."""
+    torch._dynamo.reset()
+    model = small_model("llama", layers=1)
+    layer, x, step = _layer_step(model)
+
+    def amp_step(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return step(x)
+
+    def errors():
+        amp_step(x).backward()
+        g0 = _grads(layer, x)
+        torch._dynamo.reset()
+        torch.compile(amp_step, fullgraph=True, backend="aot_eager")(x).backward()
+        g1 = _grads(layer, x)
+        return max(rel_err(g0[n], g1[n]) for n in g0)
+
+    plain = errors()
+    apply(model)
+    laaq = errors()
+    assert laaq <= 1.5 * plain + 1e-6, (laaq, plain)
+    remove(model)
+    torch._dynamo.reset()
+
+
+def _grabbing_aot(seen: dict):
+    """aot_eager, recording the agoq:: ops of the forward and backward graphs into ``seen``."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    def grab(kind):
+        def compiler(gm, example_inputs):
+            seen[kind] = sorted(str(n.target) for n in gm.graph.nodes
+                                if n.op == "call_function" and str(n.target).startswith("agoq."))
+            return make_boxed_func(gm.forward)
+        return compiler
+
+    return aot_autograd(fw_compiler=grab("fw"), bw_compiler=grab("bw"))
+
+
+def grads_of(model, step, ids):
+    model.zero_grad(set_to_none=True)
+    loss = step(ids)
+    loss.backward()
+    g = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return loss.detach(), g
+
+
+@pytest.mark.slow
+def test_inductor_compiled_layer_matches_eager_laaq_within_fp32_rounding():
+    """Inductor (the default backend) on CPU: C++ kernels for the code around LAAQ, agoq-cpu's own
+    compiled codecs inside the custom ops. Measured max rel. 3.8e-7 on the 2-layer model."""
+    torch._dynamo.reset()
+    model = small_model("llama", layers=1)
+    apply(model)
+    layer, x, step = _layer_step(model)
+    step(x).backward()
+    g0 = _grads(layer, x)
+    torch.compile(step, fullgraph=True)(x).backward()
+    g1 = _grads(layer, x)
+    errs = {n: rel_err(g0[n], g1[n]) for n in g0}
+    assert max(errs.values()) < 1e-5, errs
+    remove(model)
+    torch._dynamo.reset()
+
+
+def test_lora_layers_still_compile_through_the_eager_path():
+    """PEFT wrappers are not traced: their layers run eager LAAQ behind torch.compiler.disable (graph
+    breaks), with eager LAAQ's numerics."""
+    peft = pytest.importorskip("peft")
+    torch._dynamo.reset()
+    model = small_model("llama", layers=1)
+    model = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj", "gate_proj"]))
+    apply(model)
+    ids = small_batch()
+    l0, g0 = grads_of(model, lambda i: model(input_ids=i, labels=i).loss, ids)
+    c = torch.compile(lambda i: model(input_ids=i, labels=i).loss, backend="aot_eager")
+    l1, g1 = grads_of(model, c, ids)
+    assert torch.equal(l0, l1)
+    assert max(rel_err(g0[n], g1[n]) for n in g0) < 1e-6
+    remove(model)
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", ["phi3"])  # gemma2 too (measured, bit-identical); left out for CI time
+def test_other_families_compile_fullgraph(name):
+    """Gemma2 (GELU-tanh act, (1 + w) norms, post-norms with no GEMM reader, tied head) and Phi3 (fused
+    qkv_proj and gate_up_proj): no graph break, eager LAAQ's loss and gradients. One documented
+    exception: Phi3's attention on CPU runs SDPA's math kernel (its mask), which does not keep its output,
+    so eager LAAQ keeps the out-projection input at 4 bits; compiled code hides the producer and follows
+    the model's attention implementation (SDPA: kept by reference, no 4-bit error), so o_proj's weight
+    gradient differs from eager LAAQ's by that role's 4-bit error (measured 0.085-0.10)."""
+    from tests.laaq.test_families import build
+
+    torch._dynamo.reset()
+    model = build(name)
+    ids = small_batch()
+    apply(model, LAAQConfig(block=64))
+
+    def step(i):
+        return model(input_ids=i, labels=i).loss
+
+    explain = torch._dynamo.explain(step)(ids)
+    assert explain.graph_break_count == 0, [str(r.reason).split("\n")[0] for r in explain.break_reasons]
+    torch._dynamo.reset()
+    l0, g0 = grads_of(model, step, ids)
+    l1, g1 = grads_of(model, torch.compile(step, fullgraph=True, backend="aot_eager"), ids)
+    assert torch.equal(l0, l1)
+    remove(model)
+    for n in g0:
+        if name == "phi3" and n.endswith("o_proj.weight"):
+            assert 0.02 < rel_err(g0[n], g1[n]) < 0.16, n  # the 4-bit error of one role, not a bug
+        else:
+            assert torch.equal(g0[n], g1[n]), n
     torch._dynamo.reset()

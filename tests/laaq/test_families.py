@@ -132,3 +132,21 @@ def _mlp_states(model):
     mlps = [st for st in states if st.kind == "swiglu"]
     assert len(mlps) == BASE["num_hidden_layers"]
     return mlps
+
+
+def test_moe_mlps_left_plain_are_announced_with_a_warning(caplog):
+    """Experts LAAQ cannot reproduce exactly (here transformers' "eager" experts loop) stay plain; apply
+    says so as a WARNING naming the layers and the reason, and report.skipped holds each one."""
+    import logging
+
+    model = build("mixtral")
+    model.set_experts_implementation("eager")
+    with caplog.at_level(logging.WARNING, logger="agoq.laaq"):
+        rep = apply(model)
+    msgs = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("MLP of 2 decoder layer(s)" in m and "NOT converted" in m and "experts_implementation='eager'" in m
+               and "model.layers.0.mlp.experts" in m for m in msgs), msgs
+    assert [s.path for s in rep.skipped] == ["model.layers.0.post_attention_layernorm", "model.layers.0.mlp.experts",
+                                             "model.layers.1.post_attention_layernorm", "model.layers.1.mlp.experts"]
+    assert not any(c.kind == "moe_experts" for c in rep.converted)
+    remove(model)

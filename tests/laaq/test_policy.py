@@ -116,7 +116,7 @@ def test_saved_bytes_measured_vs_predicted():
         return next(v for k, v in snap.items() if "ACT" in str(k))
 
     cfg = tiny_model("llama", layers=2, hidden=128, intermediate=344).config
-    names = ["ckpt", "qckpt:nf4", "qckpt:int8", "laaq:nf4", "laaq:int6"]
+    names = ["ckpt", "qckpt:nf4", "qckpt:int8", "laaq:nf4", "laaq:int6", "laaq-mlp:nf4"]
     opts = {o.name: o for o in layer_options(model_shape(cfg), seq_len=s, batch=b, options=["bf16", *names])}
     base = live(None)
     for name in names:
@@ -134,3 +134,92 @@ def test_refuses_hf_checkpointing_and_bad_format():
         apply_policy(model, ["ckpt", "ckpt"])
     with pytest.raises(AgoqError, match="not an activation format"):
         QuantizedCheckpoint(tiny_model("llama", layers=1).model.layers[0], "int3")
+
+
+def test_sac_and_compiled_options_match_plain_gradients():
+    """``sac`` (torchtitan's op-level selective checkpointing) and a compiled layer (``-c``, backend eager
+    here) recompute or fuse nothing that changes a value on CPU: loss and gradients equal the plain model's."""
+    ids = batch(b=2, s=64)
+    ref = tiny_model("llama", layers=3, hidden=128, intermediate=344)
+    l0, g0 = grads(ref, ids)
+    model = tiny_model("llama", layers=3, hidden=128, intermediate=344)
+    rep = apply_policy(model, ["sac", "sac-c", "bf16-c"], convert_final_norm=False, compile_backend="eager")
+    assert rep.choices == ("sac", "sac-c", "bf16-c")
+    assert model.model.layers[2]._compiled_call_impl is not None
+    l1, g1 = grads(model, ids)
+    g1 = _named(g1)
+    assert torch.equal(l0, l1)
+    assert all(torch.equal(g0[n], g1[n]) for n in g0)
+    rep.undo()
+    assert model.model.layers[2]._compiled_call_impl is None
+    assert type(model.model.layers[0]).__name__ == "LlamaDecoderLayer"
+
+
+def test_sac_saved_bytes_measured_vs_predicted():
+    """The planner's bytes for ``sac`` (layer input + q, v, gate, down GEMM outputs + attention output and
+    its fp32 logsumexp) against torch's MemTracker on CPU, as for the other options above."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    b, s = 2, 256
+    ids = batch(b=b, s=s)
+
+    def live(choices):
+        m = tiny_model("llama", layers=2, hidden=128, intermediate=344, dtype=torch.bfloat16)
+        if choices:
+            apply_policy(m, choices, convert_final_norm=False)
+        mt = MemTracker()
+        mt.track_external(m)
+        with mt:
+            out = m(input_ids=ids, labels=ids)
+            snap = mt.get_tracker_snapshot()[torch.device("cpu")]
+            del out
+        return next(v for k, v in snap.items() if "ACT" in str(k))
+
+    cfg = tiny_model("llama", layers=2, hidden=128, intermediate=344).config
+    opts = {o.name: o for o in layer_options(model_shape(cfg), seq_len=s, batch=b, options=["bf16", "sac"])}
+    measured = live(["sac"] * 2) - live(None)
+    predicted = 2 * (opts["sac"].saved_bytes - opts["bf16"].saved_bytes)
+    assert 0 <= measured - predicted <= 2 * 8 * s, (measured, predicted)  # + position ids kept per layer
+
+
+def test_plan_from_measured_costs_picks_the_measured_fastest():
+    """With measured per-layer costs the plan uses them (compiled options included) and never exceeds the
+    budget; a compiled option without a measurement is a clear error."""
+    from agoq_core.planner.errors import PlannerError
+
+    shape = "llama2-7b"
+    gib = 1 << 30
+    measured = {  # made-up but shaped like bench_layer_profile's costs at 32K
+        "bf16-c": {"saved_bytes": 6 * gib, "transient_bytes": 5 * gib, "time_s": 0.115},
+        "sac-c": {"saved_bytes": 2 * gib, "transient_bytes": 7 * gib, "time_s": 0.126},
+        "laaq:nf4": {"saved_bytes": int(1.5 * gib), "transient_bytes": 6 * gib, "time_s": 0.145},
+    }
+    p = plan_budget(shape, budget="140GiB", seq_len=32768, options=list(measured) + ["ckpt"], measured=measured)
+    assert p.peak_bytes <= p.usable_bytes
+    assert set(p.choices) <= {"bf16-c", "sac-c", "laaq:nf4", "ckpt"} and "bf16-c" in p.choices
+    by = {o.name: o for o in p.options}
+    assert by["sac-c"].time_s == 0.126 and by["bf16-c"].saved_bytes == 6 * gib
+    assert p.layer_time_s == pytest.approx(sum(by[c].time_s for c in p.choices))
+    with pytest.raises(PlannerError, match="no analytic time model"):
+        plan_budget(shape, budget="140GiB", seq_len=32768, options=["bf16-c", "ckpt"])
+    with pytest.raises(PlannerError, match="need saved_bytes"):
+        plan_budget(shape, budget="140GiB", seq_len=32768, options=["sac-c"], measured={"sac-c": {"time_s": 1}})
+
+
+def test_laaq_mlp_option_converts_only_the_mlp_half():
+    ids = batch(b=2, s=64)
+    ref = tiny_model("llama", layers=2, hidden=128, intermediate=344)
+    l0, g0 = grads(ref, ids)
+    model = tiny_model("llama", layers=2, hidden=128, intermediate=344)
+    rep = apply_policy(model, ["laaq-mlp:nf4", "laaq-mlp-c:int8"], convert_final_norm=False, compile_backend="eager")
+    layer = model.model.layers[0]
+    assert "forward" in layer.mlp.__dict__ and "forward" in layer.post_attention_layernorm.__dict__  # converted
+    assert "forward" not in layer.input_layernorm.__dict__ and "forward" not in layer.self_attn.q_proj.__dict__
+    l1, g1 = grads(model, ids)
+    assert torch.equal(l0, l1)  # the forward is the plain model's
+    assert max(rel_err(g0[n], g1[n]) for n in g0) <= 0.35
+    assert max(rel_err(g0[n], g1[n]) for n in g0 if "mlp" in n) > 0  # the MLP really kept 4/8-bit copies
+    rep.undo()
+    assert "forward" not in model.model.layers[0].mlp.__dict__
+    l2, g2 = grads(model, ids)
+    assert torch.equal(l0, l2) and all(torch.equal(g0[n], g2[n]) for n in g0)

@@ -191,31 +191,60 @@ def _pair_tiles(g: int, what: str) -> list[tuple[str, int, int]]:
     return out
 
 
+def _group_tiles(what: str, g: int, names: list[str]) -> list[tuple[str, int, int]]:
+    """[rows, groups, slots] tiles of the contiguous 5/6-bit access (kernels.CONTIG, which agoq-ascend
+    launches): a group's 8 or 4 slots of 1-4 bytes fit one 32-byte unit and are padded to it, so each
+    tile costs 32 bytes per pack group (lane divisor G)."""
+    return [(f"{what} {name} (padded)", g, 32) for name in names]
+
+
 def _pack(bits: int) -> list[tuple[str, int, int]]:
     """Buffers of store_codes: the reshape/split tree (pair tiles padded to 32 bytes), G sub-tiles of
-    lanes/G, the packed word(s), one int8 tile per output byte with the int16 temporary of its int32 ->
-    int8 cast, plus the group offsets and mask."""
+    lanes/G, the packed word(s); then for 4 bits one int8 tile with the int16 temporary of its int32 ->
+    int8 cast, for 5/6 bits (CONTIG) the 32-bit windows of the group's word and the [rows, groups, slots]
+    tiles of the one store (the window x per-slot power of two products, their sum, the >> 24, the int8 and
+    its int16 cast temporary, offsets, mask); plus the group offsets and mask."""
     g = _PACK_GROUP[bits]
     if g == 1:
         return [("code bytes", 1, _I8), ("int8 cast temporary", 1, _I16)]
     words = 2 if bits == 5 else 1
-    nbytes = g * bits // 8
-    return (_pair_tiles(g, "split") + [("group code", g, _I32)] * g + [("packed word", g, _I32)] * words
-            + [("packed byte", g, _I8), ("int8 cast temporary", g, _I16)] * nbytes
-            + [("group offsets", g, _I32), ("group mask", g, _BOOL)])
+    head = _pair_tiles(g, "split") + [("group code", g, _I32)] * g + [("packed word", g, _I32)] * words
+    tail = [("group offsets", g, _I32), ("group mask", g, _BOOL)]
+    if g == 2:
+        return head + [("packed byte", g, _I8), ("int8 cast temporary", g, _I16)] + tail
+    # The [rows, groups, slots] tensors of the store in Triton-Ascend's linalg IR (frontend_compile.py --keep):
+    # the per-slot multipliers and the 24 splat broadcast to the tile (loop-invariant, still UB), the window(s)
+    # broadcast along the slots, (5-bit: the slot-0 select and its mask), the product, >> 24, the int8 tile and
+    # its int16 cast temporary. Offsets and mask leave no tensor (a strided view and a subview).
+    if bits == 5:  # w_a = lo | hi << 20, w_b = lo >> 8 | hi << 12 and their two shifted operands
+        return (head + [("32-bit window", g, _I32)] * 4
+                + _group_tiles("store", g, ["multipliers", "24 splat", "w_a broadcast", "w_b broadcast",
+                                            "slot-0 mask", "selected window", "window x multiplier", ">> 24", "int8",
+                                            "int8 cast temporary"]) + tail)
+    return (head + _group_tiles("store", g, ["multipliers", "24 splat", "word broadcast", "word x multiplier",
+                                             ">> 24", "int8", "int8 cast temporary"]) + tail)
 
 
 def _unpack(bits: int) -> list[tuple[str, int, int]]:
-    """Buffers of _load_codes: the loaded bytes and their int32 widening, the word(s), G code sub-tiles,
-    the join intermediates, and the joined [rows, lanes] code tile."""
+    """Buffers of load_codes: for 4 bits the loaded bytes and their int32 widening; for 5/6 bits (CONTIG)
+    the [rows, groups, slots] tiles of the one load (offsets, mask, int8 bytes, int32 widening, & 0xFF, fp32,
+    the power-of-two weighted bytes) and the fp32 slot sums with their int32 conversions; then the word(s),
+    G code sub-tiles, the join intermediates, and the joined [rows, lanes] code tile."""
     g = _PACK_GROUP[bits]
     if g == 1:
         return [("code bytes", 1, _I8), ("codes", 1, _I32)]
     words = 2 if bits == 5 else 1
     nbytes = g * bits // 8
     joins = _pair_tiles(g, "join")  # the tl.join tree below the final [rows, lanes], innermost axis 2: padded
-    return ([("loaded byte", g, _I8)] * nbytes + [("widened byte", g, _I32)] * nbytes
-            + [("unpacked word", g, _I32)] * words + [("group code", g, _I32)] * g + joins
+    if g == 2:
+        loaded = [("loaded byte", g, _I8)] * nbytes + [("widened byte", g, _I32)] * nbytes
+    else:
+        # as in the linalg IR: the 0xFF splat and the weights broadcast (loop-invariant), the loaded int8 bytes,
+        # their widening, & 0xFF, fp32 conversion and the weighted bytes (one per word); no offset/mask tensor
+        loaded = (_group_tiles("load", g, ["0xFF splat", "bytes int8", "bytes int32", "bytes & 0xFF", "bytes fp32"]
+                               + ["weights", "bytes x weight"] * words)
+                  + [("slot sum fp32", g, _F32)] * words + [("slot sum int32", g, _I32)] * words)
+    return (loaded + [("unpacked word", g, _I32)] * words + [("group code", g, _I32)] * g + joins
             + [("codes", 1, _I32), ("group offsets", g, _I32), ("group mask", g, _BOOL)])
 
 
@@ -245,6 +274,8 @@ def working_set(op: str, kind: str, bits: int, *, lanes: int, rows: int, io_dtyp
         raise PlanError(f"rows must be a power of two >= 1, got {rows}")
     per_row = sum(_pad32(lanes // div * nbytes) for _, div, nbytes in buffers(op, kind, bits, io_dtype))
     lane_index = _pad32(lanes * _I32) + (_pad32(lanes // _PACK_GROUP[bits] * _I32) if bits != 8 else 0)
+    if bits in (5, 6):  # [slots] vectors of the contiguous access: slot index, slot mask, 2 multiplier/weight rows
+        lane_index += 4 * _pad32(8 * _I32)
     return rows * per_row + ROW_VECTORS * _pad32(rows * _F32) + lane_index
 
 

@@ -29,6 +29,9 @@ class AscendGeometry:
 
     who = "agoq-ascend"
     nf4_lut = False
+    # 5/6-bit pack groups by one access contiguous per block (kernels.CONTIG): Triton-Ascend lowers the strided
+    # per-byte stores (innermost stride 3/5 bytes) to discrete byte-by-byte transfers (issue 20, risk 5).
+    contig_pack = True
     # No float64: 910B's vector units have no fp64 and torch_npu's fp64 -> fp32 cast path is unverified.
     float64_via_float32 = False
 

@@ -19,7 +19,12 @@ Ascend tile geometry), it runs:
    pass that rejects the kernel;
 4. checks the Triton IR for operations the Ascend path must not contain: floating-point division
    (risk 1: the quotients are division-free), fp8 types, and unsigned int compares; and that
-   reduce_requantize computes its rank offsets in int64.
+   reduce_requantize computes its rank offsets in int64;
+5. checks the linalg IR for global-memory views (``memref.reinterpret_cast`` of a kernel argument) whose
+   innermost stride is not 1: a load or store that Triton-Ascend can only move element by element (its
+   migration guide: a non-contiguous tail axis gets an extra size-1 axis padded to 32 bytes per element,
+   "discrete memory access"). The 5/6-bit packing used to store and load one byte per pack group with a
+   stride of 5/3 bytes (risk 5); agoq-ascend now launches the contiguous layout (kernels.CONTIG).
 
 It stops before the device binary: that step needs CANN's ``bishengir-compile``, which the script looks for
 and reports (with it on PATH, ``--bishengir`` also runs the A2/A3 binary step). Exit status 0 iff every
@@ -68,13 +73,20 @@ def _check_triton_ascend():
     return triton
 
 
-def _variant_args(op: str, fmt: str, dtype: str, ragged: bool):
+def launch_constexprs(fmt: str, ragged: bool) -> dict:
+    """The format and geometry constexprs agoq-ascend launches (agoq_ascend.launch.AscendGeometry: HW False,
+    NF4_LUT False, contig_pack True; backends/ascend/tests/test_ascend_contiguous_packing.py checks them)."""
     from agoq_triton_kernels.layout import format_constexprs
 
     kind, bits, block, qmax = FORMATS[fmt]
     c = format_constexprs(kind=kind, bits=bits, block=block, qmax=qmax)
-    lanes = max(32, c["BLOCK_P"])
-    c.update(BLOCK_P=lanes, ROWS=1 if ragged else ROWS, RAGGED=ragged, HW=False)
+    c.update(BLOCK_P=max(32, c["BLOCK_P"]), ROWS=1 if ragged else ROWS, RAGGED=ragged, HW=False, NF4_LUT=False,
+             CONTIG=True)
+    return c
+
+
+def _variant_args(op: str, fmt: str, dtype: str, ragged: bool):
+    c = launch_constexprs(fmt, ragged)
     ptr, fk = DTYPES[dtype]
     sizes = {"n": "i32", "n_blocks": "i32", "n_tiles": "i32"}
     if op == "quantize":
@@ -122,6 +134,16 @@ _FORBIDDEN = {
     "fp8 type (A2/A3 have no FP8)": re.compile(r"\bf8E"),
     "unsigned compare (uint32 is unsupported on Ascend)": re.compile(r"arith\.cmpi\s+u(lt|le|gt|ge)"),
 }
+
+
+_GM_VIEW = re.compile(r"memref\.reinterpret_cast %arg\d+ to offset: \[[^\]]*\], sizes: \[([^\]]*)\], "
+                      r"strides: \[([^\]]*)\]")
+
+
+def strided_gm_views(linalg_text: str) -> list[str]:
+    """Global-memory views in linalg IR whose innermost stride is not 1 (element-by-element transfers)."""
+    return [f"sizes [{m.group(1)}] strides [{m.group(2)}]" for m in _GM_VIEW.finditer(linalg_text)
+            if m.group(2).split(",")[-1].strip() != "1"]
 
 
 def _compile(triton, op, fmt, dtype, ragged, adapter, keep, bishengir):
@@ -172,6 +194,11 @@ def _compile(triton, op, fmt, dtype, ragged, adapter, keep, bishengir):
     except subprocess.CalledProcessError as e:
         err = (e.stderr or b"").decode(errors="replace").strip()
         problems.append(f"ttir_to_linalg (triton-adapter-opt pipeline) failed: {err[-1500:]}")
+    if linalg is not None:
+        strided = strided_gm_views(linalg)
+        if strided:
+            problems.append(f"discrete global-memory access (innermost stride != 1): {'; '.join(sorted(set(strided)))} "
+                            f"x{len(strided)}")
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
         (keep / f"{name}.ttir.mlir").write_text(ttir_text)

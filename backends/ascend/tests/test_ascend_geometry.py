@@ -91,12 +91,24 @@ def test_working_set_follows_the_documented_rule_by_hand():
 
 
 def test_narrow_pack_tiles_are_counted_padded_to_32_bytes():
-    # int5 at 32 lanes: the packed byte tiles are 32/8 = 4 lanes wide (8 bytes) but occupy 32 bytes each
+    # int5 at 32 lanes: the pack-group tiles are 32/8 = 4 lanes wide (16 bytes of int32) but occupy 32 bytes each
     listed = P.buffers("quantize", "int", 5)
     ws = working_set("quantize", "int", 5, lanes=32, rows=1)
     assert ws >= len(listed) * P.ALIGN_BYTES
-    narrow = [b for b in listed if b[1] == 8 and "pair" not in b[0]]
+    narrow = [b for b in listed if b[1] == 8 and "pair" not in b[0] and "(padded)" not in b[0]]
     assert narrow and all(32 // div * nbytes < 32 for _, div, nbytes in narrow)
+
+
+@pytest.mark.parametrize("bits,g", [(5, 8), (6, 4)])
+def test_contiguous_group_access_is_counted_32_bytes_per_group(bits, g):
+    # agoq-ascend launches the 5/6-bit packing with CONTIG: [rows, groups, slots] tiles (8 or 4 slots of 1-4
+    # bytes), one 32-byte unit per pack group, for the one store and the one load; no per-byte planes left
+    for op, what in (("quantize", "store"), ("dequantize", "load")):
+        listed = P.buffers(op, "int", bits)
+        groups = [b for b in listed if b[0].startswith(f"{what} ") and b[0].endswith("(padded)")]
+        assert len(groups) >= 6 and all(div == g and nbytes == 32 for _, div, nbytes in groups), listed
+        assert not any(name.startswith(("packed byte", "loaded byte")) for name, _, _ in listed)
+        assert sum(P._pad32(128 // d * nb) for _, d, nb in groups) == len(groups) * 128 // g * 32
 
 
 @pytest.mark.parametrize("kind,bits", P.FORMAT_CODES)

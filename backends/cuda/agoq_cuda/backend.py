@@ -18,7 +18,8 @@ __all__ = ["CudaBackend"]
 
 _OPS = frozenset({"quantize", "dequantize", "accumulate", "reduce_requantize",
                   "gemm_quant_epilogue", "gemm_dequant_prologue",   # fused GEMMs: agoq_cuda.fusion
-                  "rmsnorm_quant"})                                 # fused norm + codec: agoq_cuda.fused_norm
+                  "rmsnorm_quant",                                  # fused norm + codec: agoq_cuda.fused_norm
+                  "silu_mul_quant", "silu_mul_backward"})           # fused SiLU&Mul + codec: agoq_cuda.fused_swiglu
 
 
 class CudaBackend(BackendBase):
@@ -43,15 +44,6 @@ class CudaBackend(BackendBase):
                 "(torch.cuda.is_available() is False: driver missing or too old?); set TRITON_INTERPRET=1 to "
                 "run the kernels on CPU instead")
         return cls(interpreted=interpreted)
-
-    def known_deviations(self) -> dict[str, str]:
-        if self.interpreted:  # the interpreter passes every case
-            return {}
-        # Seen on the H200 on 2026-12-01 (docs/benchmarks.md): these two MX cases each get two codes of 0
-        # where the reference has a non-zero code; the same kernels pass in the interpreter. Declared
-        # (strict xfail) until they are fixed on a GPU; the other 812 cases pass bit for bit there.
-        return {f"reduce_requantize/mxfp8/w{w}": "H200 2026-12-01: 2 codes written as 0 (GPU path only), "
-                "under investigation" for w in (2, 3)}
 
     def capabilities(self) -> Capabilities:
         notes = ["Triton kernels shared with agoq-ascend (agoq_triton_kernels); bit-exact with the reference",
@@ -109,10 +101,49 @@ class CudaBackend(BackendBase):
 
         return fused_norm.rmsnorm_quant_unsupported(x, weight, spec)
 
-    def rmsnorm_quant_into(self, x, weight, eps, spec, y, codes, scales):
+    def rmsnorm_quant_variants(self, device):
         from agoq_cuda import fused_norm
 
-        fused_norm.rmsnorm_quant_into(x, weight, eps, spec, y, codes, scales)
+        return fused_norm.rmsnorm_quant_variants(torch.device(device))
+
+    def rmsnorm_quant_into(self, x, weight, eps, spec, y, codes, scales, variant=None):
+        from agoq_cuda import fused_norm
+
+        fused_norm.rmsnorm_quant_into(x, weight, eps, spec, y, codes, scales, variant=variant)
+
+    # ---- SiLU&Mul with its codec inside, forward and backward (agoq_cuda.fused_swiglu) --------------------
+    def silu_mul_quant_unsupported(self, gate, up, spec):
+        from agoq_cuda import fused_swiglu
+
+        return fused_swiglu.silu_mul_quant_unsupported(gate, up, spec)
+
+    def silu_mul_quant_variants(self, device):
+        from agoq_cuda import fused_swiglu
+
+        return fused_swiglu.silu_mul_quant_variants(torch.device(device))
+
+    def silu_mul_quant_into(self, gate, up, spec, h, gate_codes, gate_scales, up_codes, up_scales, variant=None):
+        from agoq_cuda import fused_swiglu
+
+        fused_swiglu.silu_mul_quant_into(gate, up, spec, h, gate_codes, gate_scales, up_codes, up_scales,
+                                         variant=variant)
+
+    def silu_mul_backward_unsupported(self, dh, spec):
+        from agoq_cuda import fused_swiglu
+
+        return fused_swiglu.silu_mul_backward_unsupported(dh, spec)
+
+    def silu_mul_backward_variants(self, device):
+        from agoq_cuda import fused_swiglu
+
+        return fused_swiglu.silu_mul_backward_variants(torch.device(device))
+
+    def silu_mul_backward_into(self, dh, gate_codes, gate_scales, up_codes, up_scales, spec, h, dgate, dup,
+                               variant=None):
+        from agoq_cuda import fused_swiglu
+
+        fused_swiglu.silu_mul_backward_into(dh, gate_codes, gate_scales, up_codes, up_scales, spec, h, dgate, dup,
+                                            variant=variant)
 
     def __repr__(self) -> str:
         mode = "Triton interpreter, CPU tensors" if self.interpreted else "CUDA"

@@ -8,10 +8,11 @@ reference), and normalises it:
 
     y = round_dtype(weight * round_dtype(x * 1/sqrt(sum(x*x) / H + eps)))      (HF LlamaRMSNorm's recipe)
 
-The codes are bit-exact (conformance: optional capability ``rmsnorm_quant``). ``y`` is RMSNorm to within one
-rounding of the output dtype: its sum of squares is a tree reduction in fp32 (torch's order differs, and
-torch's CUDA rsqrt is not correctly rounded), so y is checked against torch within a tolerance, not bit for
-bit. Rows: x [M, H] contiguous, H a power-of-two multiple of a power-of-two block (every LLaMA size).
+The codes are bit-exact (conformance: optional capability ``rmsnorm_quant``). ``y`` must equal the model's
+own norm bit for bit to be used by LAAQ, so its sum of squares and rsqrt come in variants (VARIANTS):
+torch's CUDA reduction order with rsqrt.approx (HF's norm on a GPU), the same order with a correctly
+rounded 1/sqrt, or Triton's tree; LAAQ keeps the first that matches (agoq_core.laaq.fusion). Rows: x [M, H]
+contiguous, H a power-of-two multiple of a power-of-two block, 256 <= H <= 16384 (every LLaMA size).
 """
 from __future__ import annotations
 
@@ -24,14 +25,56 @@ from agoq_triton_kernels.codes import bf16_bits_to_f32, f32_to_bf16_bits
 from agoq_triton_kernels.kernels import _load_f32, _store_f32, quantize_tile, store_codes
 from agoq_triton_kernels.layout import format_constexprs, next_pow2
 
-__all__ = ["rmsnorm_quant_unsupported", "rmsnorm_quant_into"]
+__all__ = ["rmsnorm_quant_unsupported", "rmsnorm_quant_into", "rmsnorm_quant_variants", "VARIANTS"]
+
+
+@triton.jit
+def _rsqrt(v, RSQRT: tl.constexpr):
+    """1/sqrt(v): RSQRT=0 correctly rounded sqrt then correctly rounded division (torch's CPU rsqrt);
+    RSQRT=1 the GPU's rsqrt.approx.f32 (what CUDA's rsqrtf, hence torch's CUDA rsqrt, compiles to)."""
+    if RSQRT == 1:
+        return tl.inline_asm_elementwise("rsqrt.approx.f32 $0, $1;", "=r,r", [v], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return tl.math.div_rn(1.0, tl.math.sqrt_rn(v))
+
+
+@triton.jit
+def _row_sum_squares(x_ptr, x, base, H: tl.constexpr, FLOAT: tl.constexpr, ORDER: tl.constexpr,
+                     LANES: tl.constexpr, LOG_LANES: tl.constexpr):
+    """sum(x*x) over one row, in fp32, in a fixed order.
+
+    ORDER=0: Triton's tree over the register tile ``x`` (fast; order is Triton's).
+    ORDER=1: the order of torch's CUDA reduction kernel for ``x.float().pow(2).mean(-1)`` on a contiguous
+    row of H > 128 elements and >= 16 rows (ATen Reduce.cuh: vectorised loads of 4, one warp of LANES =
+    min(H/4, 32) threads per row): lane l keeps 4 accumulators, acc_j += x[4 LANES k + 4 l + j]**2 for
+    k = 0, 1, ... in order; then ((acc_0 + acc_1) + acc_2) + acc_3; then the warp's shfl_down tree
+    (offsets 1, 2, 4, ...: adjacent lanes first). Reloads the row in LANES*4-element slices (L1/L2 hits
+    after the tile load) so the sequential part is a sequence of vector adds."""
+    if ORDER == 1:
+        c = tl.arange(0, 4 * LANES)
+        acc = tl.zeros([4 * LANES], dtype=tl.float32)
+        for k in tl.static_range(H // (4 * LANES)):
+            v = _load_f32(x_ptr, base + k * (4 * LANES) + c, c >= 0, FLOAT)
+            acc = acc + v * v
+        p, q = tl.split(tl.reshape(acc, [LANES, 2, 2]))  # p: j = 0, 2; q: j = 1, 3
+        a0, a2 = tl.split(p)
+        a1, a3 = tl.split(q)
+        s = ((a0 + a1) + a2) + a3
+        for _ in tl.static_range(LOG_LANES):
+            s0, s1 = tl.split(tl.reshape(s, [s.shape[0] // 2, 2]))
+            s = s0 + s1
+        return tl.sum(s, axis=0)  # one element: exact
+    else:
+        return tl.sum(tl.sum(x * x, axis=1), axis=0)
 
 
 @triton.jit(do_not_specialize=["M"])
 def _rmsnorm_quant_kernel(x_ptr, w_ptr, y_ptr, codes_ptr, scales_ptr, M, eps, ts_ptr,
                           H: tl.constexpr, NBR: tl.constexpr, KIND: tl.constexpr, BITS: tl.constexpr,
                           BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, QMAX: tl.constexpr, HW: tl.constexpr,
-                          FLOAT: tl.constexpr, SCALE: tl.constexpr = 0):
+                          FLOAT: tl.constexpr, SCALE: tl.constexpr = 0, ORDER: tl.constexpr = 0,
+                          RSQRT: tl.constexpr = 0, LANES: tl.constexpr = 32, LOG_LANES: tl.constexpr = 5):
     j = tl.arange(0, NBR)
     lanes = tl.arange(0, BLOCK_P)
     col = j[:, None] * BLOCK + lanes[None, :]
@@ -45,8 +88,9 @@ def _rmsnorm_quant_kernel(x_ptr, w_ptr, y_ptr, codes_ptr, scales_ptr, M, eps, ts
         codes, scale = quantize_tile(x, None, KIND, BITS, QMAX, HW, False, HW, SCALE, ts_ptr)
         store_codes(codes_ptr, codes, rows, ok, elem, col < H, M * H, NBR, BITS, BLOCK, BLOCK_P, False)
         tl.store(scales_ptr + rows, scale)
-        ss = tl.sum(tl.sum(x * x, axis=1), axis=0)
-        r = tl.math.div_rn(1.0, tl.math.sqrt_rn(tl.math.div_rn(ss, H * 1.0) + eps))
+        ss = _row_sum_squares(x_ptr, x, t * H, H, FLOAT, ORDER, LANES, LOG_LANES)
+        # mean = ss / H (H a power of two: exact, = torch's ss * (1/H)); + eps in fp32; then the rsqrt
+        r = _rsqrt(tl.math.div_rn(ss, H * 1.0) + eps, RSQRT)
         h = x * r
         if FLOAT == 1:  # round to bf16 like h.to(input_dtype), then the bf16 x bf16 product
             h = bf16_bits_to_f32(f32_to_bf16_bits(h))
@@ -70,27 +114,59 @@ def rmsnorm_quant_unsupported(x: torch.Tensor, weight: torch.Tensor, spec) -> st
                 "run the norm and the codec separately")
     if h > 16384:
         return f"hidden size {h} > 16384 does not fit one register tile"
+    if h < 256:
+        return f"hidden size {h} < 256 (torch reduces rows of <= 128 elements in another order)"
     return None
 
 
+#: Numerics variants of ``y`` (the codes never vary), name -> (ORDER, RSQRT). LAAQ tries them in the order
+#: of :func:`rmsnorm_quant_variants` on its first call and keeps the first whose ``y`` equals the model's
+#: own norm bit for bit (agoq_core.laaq.fusion); otherwise the norm runs unfused.
+#:   torch_cuda     torch's CUDA reduction order and rsqrt.approx.f32 (HF LlamaRMSNorm on a GPU)
+#:   torch_cuda_rn  the same order with a correctly rounded 1/sqrt
+#:   tree           Triton's tree reduction, correctly rounded 1/sqrt (the fastest to compile)
+VARIANTS = {"torch_cuda": (1, 1), "torch_cuda_rn": (1, 0), "tree": (0, 0)}
+
+
+def rmsnorm_quant_variants(device: torch.device) -> tuple[str, ...]:
+    """The variants that can run on ``device``, most likely match first (rsqrt.approx needs a GPU)."""
+    if device.type == "cpu":  # the interpreter: no inline PTX
+        return ("torch_cuda_rn", "tree")
+    return ("torch_cuda", "torch_cuda_rn", "tree")
+
+
 def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, y: torch.Tensor,
-                       codes: torch.Tensor, scales: torch.Tensor, *, hw: bool | None = None,
-                       programs: int | None = None) -> None:
-    """y = RMSNorm(x) * weight (x.dtype), (codes, scales) = Q_spec(x flattened), in one pass over x."""
+                       codes: torch.Tensor, scales: torch.Tensor, *, variant: str | None = None,
+                       hw: bool | None = None, programs: int | None = None) -> None:
+    """y = RMSNorm(x) * weight (x.dtype), (codes, scales) = Q_spec(x flattened), in one pass over x.
+    ``variant``: how y's sum of squares and rsqrt are computed (VARIANTS; default: the first of
+    rmsnorm_quant_variants)."""
     why = rmsnorm_quant_unsupported(x, weight, spec)
     if why:
         raise ValueError(f"rmsnorm_quant: {why}")
+    variant = variant or rmsnorm_quant_variants(x.device)[0]
+    if variant not in VARIANTS:
+        raise ValueError(f"rmsnorm_quant: unknown variant {variant!r}; known: {sorted(VARIANTS)}")
+    order, rsq = VARIANTS[variant]
+    if rsq and x.device.type == "cpu":
+        raise ValueError(f"rmsnorm_quant: variant {variant!r} needs a GPU (rsqrt.approx.f32)")
     from agoq_cuda.launch import LAUNCHER  # the plugin's geometry decides HW
-    from agoq_triton_kernels.launch import _tensor_scale, ts_arg
+    from agoq_triton_kernels.launch import _tensor_scale
 
     n, h = x.numel(), x.shape[-1]
     check_codec_buffers(spec, n, codes, scales, x.device, "rmsnorm_quant")
+    if y.shape != x.shape or y.dtype != x.dtype or not y.is_contiguous():
+        raise ValueError(f"rmsnorm_quant: y must be contiguous {tuple(x.shape)} {x.dtype}, got "
+                         f"{tuple(y.shape)} {y.dtype}")
+    if n == 0:
+        return
     xv, fk = float_view(x.reshape(-1), "rmsnorm_quant")
     yv, _ = float_view(y.reshape(-1), "rmsnorm_quant")
     wv, _ = float_view(weight, "rmsnorm_quant")
     c = format_constexprs(kind=spec.kind, bits=spec.bits, block=spec.block, qmax=spec.qmax,
                           scale_kind=spec.scale_kind)
     m = n // h
+    lanes = min(h // 4, 32)
     hw_ = LAUNCHER.geometry.hw(x.device, hw)
     nprog = programs or (2 if x.device.type == "cpu" else min(m, 132 * 8))
     warps = 4 if h <= 2048 else 8 if h <= 8192 else 16
@@ -98,5 +174,5 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
     _rmsnorm_quant_kernel[(max(1, nprog),)](
         xv, wv, yv, codes.view(torch.int8), scales, m, float(eps), _tensor_scale(spec, x) if spec.tensor_scaled
         else None, H=h, NBR=h // spec.block, KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"],
-        BLOCK_P=c["BLOCK_P"], QMAX=c["QMAX"], HW=hw_, FLOAT=fk, SCALE=c.get("SCALE", 0),
-        enable_fp_fusion=False, **extra)
+        BLOCK_P=c["BLOCK_P"], QMAX=c["QMAX"], HW=hw_, FLOAT=fk, SCALE=c.get("SCALE", 0), ORDER=order,
+        RSQRT=rsq, LANES=lanes, LOG_LANES=lanes.bit_length() - 1, enable_fp_fusion=False, **extra)

@@ -19,7 +19,8 @@ def test_capabilities_tell_the_truth(backend, device):
     assert caps.formats == {s.name for s in list_formats(microscaling=True)}
     assert caps.ops == {"quantize", "dequantize", "accumulate", "reduce_requantize",
                         "gemm_quant_epilogue", "gemm_dequant_prologue",   # fused GEMMs: tests/fusion
-                        "rmsnorm_quant"}                                  # tests/test_fused_norm.py
+                        "rmsnorm_quant",                                  # tests/test_fused_norm.py
+                        "silu_mul_quant", "silu_mul_backward"}            # tests/test_fused_swiglu.py
     assert caps.collectives == {"all_to_all", "all_gather"}
     assert caps.device_types == {device.type}
     assert caps.max_block == MAX_BLOCK

@@ -49,3 +49,58 @@ def test_unsupported_shapes_are_explained():
     assert "weight" in rmsnorm_quant_unsupported(torch.zeros(2, 256), torch.zeros(128), spec)
     assert rmsnorm_quant_unsupported(torch.zeros(2, 4096, dtype=torch.bfloat16),
                                      torch.zeros(4096, dtype=torch.bfloat16), spec) is None
+
+
+def _torch_cuda_order_rmsnorm(x, w, eps):
+    """HF LlamaRMSNorm with the sum of squares in the order of torch's CUDA reduction kernel (ATen
+    Reduce.cuh, rows of H > 128 fp32 elements: vector loads of 4, 32 lanes per row, 4 sequential
+    accumulators per lane, then ((a0 + a1) + a2) + a3, then the warp's shfl_down tree) and a correctly
+    rounded 1/sqrt. Written from that description with torch ops on CPU, not from the kernel."""
+    xf = x.float()
+    m, h = xf.shape
+    lanes = min(h // 4, 32)
+    sq = (xf * xf).view(m, h // (4 * lanes), lanes, 4)
+    acc = torch.zeros(m, lanes, 4)
+    for k in range(sq.shape[1]):
+        acc = acc + sq[:, k]
+    s = ((acc[..., 0] + acc[..., 1]) + acc[..., 2]) + acc[..., 3]
+    while s.shape[1] > 1:
+        s = s.view(m, -1, 2)
+        s = s[..., 0] + s[..., 1]
+    r = 1.0 / torch.sqrt(s / h + eps)
+    return w * (xf * r).to(x.dtype)
+
+
+@pytest.mark.parametrize("h", [256, 2048])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_torch_cuda_order_variant_is_bit_exact(h, dtype, device):
+    """The variant LAAQ tries first on a GPU computes torch's CUDA summation order (here with the
+    correctly rounded 1/sqrt the interpreter has); y equals the emulation bit for bit."""
+    spec = get_format("nf4")
+    g = torch.Generator().manual_seed(11)
+    x = (torch.randn(16, h, generator=g) * torch.rand(16, 1, generator=g) * 8).to(dtype)
+    w = (1 + 0.1 * torch.randn(h, generator=g)).to(dtype)
+    y = torch.empty_like(x, device=device)
+    codes = torch.empty(spec.code_bytes(x.numel()), dtype=torch.uint8, device=device)
+    scales = torch.empty(spec.num_blocks(x.numel()), device=device)
+    rmsnorm_quant_into(x.to(device), w.to(device), 1e-5, spec, y, codes, scales, variant="torch_cuda_rn")
+    assert_bits_equal(y, _torch_cuda_order_rmsnorm(x, w, 1e-5), "y")
+    want_c, want_s = ref.quantize_blocks(x, spec)
+    assert_bits_equal(codes, want_c, "codes")
+
+
+def test_order_matters():
+    """Teeth: on rows where the sum of squares depends on the order, the tree variant differs from the emulation."""
+    spec = get_format("int8")
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(16, 4096, generator=g) * torch.logspace(-3, 3, 4096)).to(torch.float32)
+    w = torch.ones(4096)
+    outs = {}
+    for v in ("tree", "torch_cuda_rn"):
+        y = torch.empty_like(x)
+        rmsnorm_quant_into(x, w, 1e-5, spec, y, torch.empty(spec.code_bytes(x.numel()), dtype=torch.uint8),
+                           torch.empty(spec.num_blocks(x.numel())), variant=v)
+        outs[v] = y
+    want = _torch_cuda_order_rmsnorm(x, w, 1e-5)
+    assert torch.equal(outs["torch_cuda_rn"], want)
+    assert not torch.equal(outs["tree"], want)

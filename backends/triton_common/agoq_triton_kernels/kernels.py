@@ -11,7 +11,11 @@ most layout.MAX_CHUNK_ELEMENTS elements.
 
 Packing (docs/formats.md §5): a tile's codes are regrouped into pack groups of G = 8/gcd(bits, 8)
 codes (4-bit: 2 -> 1 byte, 5-bit: 8 -> 5 bytes, 6-bit: 4 -> 3 bytes) with tl.reshape + tl.split /
-tl.join, and each byte of a group is a separate (strided) store or load.
+tl.join. With CONTIG=False (CUDA) each byte of a 5/6-bit group is a separate store or load with a stride
+of 5/3 bytes; with CONTIG=True (Ascend) the group's bytes are joined into a [rows, groups, slots] tile
+(slots = 8/4, the last 3/1 masked) and written/read by one access whose addresses are one contiguous run
+per block (row + 5k + s, s < 5): Triton-Ascend turns an innermost stride of 3/5 bytes into a discrete,
+byte-by-byte transfer. Same bytes either way.
 
 Loops are ``while`` loops: Triton 3.6's interpreter cannot take a runtime value as a ``range`` bound
 under numpy >= 2.4 (triton-lang/triton#9171, fixed after 3.6), and CPU CI runs these bodies there.
@@ -234,14 +238,41 @@ def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.
 
 # ---- packing (the one copy: the codec kernels here and agoq-cuda's fused GEMMs call these) -----------------
 @triton.jit
+def _group_offsets(base, k, NBYTES: tl.constexpr, SLOTS: tl.constexpr):
+    """[R, K, SLOTS] byte offsets base + NBYTES * k + s of the slots of pack group k (base: [R, 1] row
+    starts, k: [1, K]) and the slot mask s < NBYTES: per row one contiguous run of K * NBYTES bytes."""
+    s = tl.arange(0, SLOTS)[None, None, :]
+    return (base + NBYTES * k)[:, :, None] + s, s < NBYTES
+
+
+@triton.jit
+def _store_groups(codes_ptr, base, k, m, w_a, w_b, NBYTES: tl.constexpr, SLOTS: tl.constexpr):
+    """CONTIG store of pack groups: one masked access, contiguous per row. m: [R, K] group mask.
+
+    Slot s of group k gets bits 24..31 of w * M[s] (a wrapping int32 product, M[s] a power of two), i.e.
+    (w << (24 - bit offset)) >> 24 without a per-lane shift, w = w_a for slot 0 and w_b for the others.
+    6-bit: w_a = w_b = the group's 24-bit word. 5-bit: w_a = bits 0..31 and w_b = bits 8..39 of its 40-bit
+    word. Slots >= NBYTES are masked."""
+    s = tl.arange(0, SLOTS)[None, None, :]
+    if NBYTES == 3:  # bytes 0, 1, 2 = word bits 0, 8, 16 moved to bit 24
+        v = w_a[:, :, None] * tl.where(s == 0, 1 << 24, tl.where(s == 1, 1 << 16, tl.where(s == 2, 1 << 8, 0)))
+    else:  # byte 0 = w_a bits 0..7; bytes 1..4 = w_b bits 0, 8, 16, 24
+        mult = tl.where(s <= 1, 1 << 24, tl.where(s == 2, 1 << 16, tl.where(s == 3, 1 << 8, tl.where(s == 4, 1, 0))))
+        v = tl.where(s == 0, w_a[:, :, None], w_b[:, :, None]) * mult
+    offs, slot_ok = _group_offsets(base, k, NBYTES, SLOTS)
+    tl.store(codes_ptr + offs, (v >> 24).to(tl.int8), mask=m[:, :, None] & slot_ok)
+
+
+@triton.jit
 def store_codes(codes_ptr, c, rows, row_ok, elem, emask, n, ROWS: tl.constexpr, BITS: tl.constexpr,
-                BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, RAGGED: tl.constexpr):
+                BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, RAGGED: tl.constexpr, CONTIG: tl.constexpr = False):
     """Pack int32 codes [ROWS, BLOCK_P] (row r = block ``rows[r]``) into the byte stream (int8 view),
     little-endian within pack groups (docs/formats.md §5). ``elem``/``emask``: element offsets and mask
     of the tile (8-bit codes are stored element-wise). A pack group is stored iff its row is valid
     (``row_ok``) or, with RAGGED, iff its first element is < n: exactly spec.code_bytes(n) bytes, the
     tail padded with encode(0). Rows need not be consecutive (the fused GEMMs pass the global block
-    indices of a GEMM tile, with BLOCK_P == BLOCK and RAGGED=False)."""
+    indices of a GEMM tile, with BLOCK_P == BLOCK and RAGGED=False). CONTIG: 5/6-bit groups stored by
+    one access contiguous per row (Ascend) instead of one strided store per byte (module docstring)."""
     if BITS == 8:
         tl.store(codes_ptr + elem, c.to(tl.int8), mask=emask)
     elif BITS == 4:
@@ -256,10 +287,13 @@ def store_codes(codes_ptr, c, rows, row_ok, elem, emask, n, ROWS: tl.constexpr, 
         word = c0 | (c1 << 6) | (c2 << 12) | (c3 << 18)
         k = tl.arange(0, BLOCK_P // 4)[None, :]
         m = _group_mask(rows, row_ok, k, n, 4, BLOCK, RAGGED)
-        base = codes_ptr + rows[:, None] * (BLOCK // 4 * 3) + 3 * k
-        tl.store(base, word.to(tl.int8), mask=m)
-        tl.store(base + 1, (word >> 8).to(tl.int8), mask=m)
-        tl.store(base + 2, (word >> 16).to(tl.int8), mask=m)
+        if CONTIG:
+            _store_groups(codes_ptr, rows[:, None] * (BLOCK // 4 * 3), k, m, word, word, 3, 4)
+        else:
+            base = codes_ptr + rows[:, None] * (BLOCK // 4 * 3) + 3 * k
+            tl.store(base, word.to(tl.int8), mask=m)
+            tl.store(base + 1, (word >> 8).to(tl.int8), mask=m)
+            tl.store(base + 2, (word >> 16).to(tl.int8), mask=m)
     else:  # 5-bit: 8 codes -> 40 bits, built as two 20-bit halves so int32 suffices
         a, b = tl.split(tl.reshape(c, (ROWS, BLOCK_P // 8, 2, 2, 2)))  # split on bit 0 of the index
         a0, a1 = tl.split(a)  # bit 1
@@ -272,12 +306,16 @@ def store_codes(codes_ptr, c, rows, row_ok, elem, emask, n, ROWS: tl.constexpr, 
         hi = c4 | (c5 << 5) | (c6 << 10) | (c7 << 15)
         k = tl.arange(0, BLOCK_P // 8)[None, :]
         m = _group_mask(rows, row_ok, k, n, 8, BLOCK, RAGGED)
-        base = codes_ptr + rows[:, None] * (BLOCK // 8 * 5) + 5 * k
-        tl.store(base, lo.to(tl.int8), mask=m)
-        tl.store(base + 1, (lo >> 8).to(tl.int8), mask=m)
-        tl.store(base + 2, ((lo >> 16) | (hi << 4)).to(tl.int8), mask=m)
-        tl.store(base + 3, (hi >> 4).to(tl.int8), mask=m)
-        tl.store(base + 4, (hi >> 12).to(tl.int8), mask=m)
+        if CONTIG:
+            _store_groups(codes_ptr, rows[:, None] * (BLOCK // 8 * 5), k, m, lo | (hi << 20), (lo >> 8) | (hi << 12),
+                          5, 8)
+        else:
+            base = codes_ptr + rows[:, None] * (BLOCK // 8 * 5) + 5 * k
+            tl.store(base, lo.to(tl.int8), mask=m)
+            tl.store(base + 1, (lo >> 8).to(tl.int8), mask=m)
+            tl.store(base + 2, ((lo >> 16) | (hi << 4)).to(tl.int8), mask=m)
+            tl.store(base + 3, (hi >> 4).to(tl.int8), mask=m)
+            tl.store(base + 4, (hi >> 12).to(tl.int8), mask=m)
 
 
 @triton.jit
@@ -286,8 +324,26 @@ def _load_byte(ptr, mask):
 
 
 @triton.jit
+def _load_groups(codes_ptr, base, k, m, NBYTES: tl.constexpr, SLOTS: tl.constexpr):
+    """CONTIG load of pack groups (inverse of _store_groups): one masked access contiguous per row, then
+    the bytes are weighted by powers of two and summed along the slot axis in fp32 (exact: integers below
+    2**24 in any order, with or without FMA). 6-bit: (word, word) = bytes 0..2 as a 24-bit word; 5-bit:
+    (lo, hi) = bits 0..19 and 20..39 of the 40-bit word."""
+    offs, slot_ok = _group_offsets(base, k, NBYTES, SLOTS)
+    b = _load_byte(codes_ptr + offs, m[:, :, None] & slot_ok).to(tl.float32)  # [R, K, SLOTS], 0..255; masked: 0
+    s = tl.arange(0, SLOTS)[None, None, :]
+    if NBYTES == 3:
+        w = tl.sum(b * tl.where(s == 0, 1.0, tl.where(s == 1, 256.0, tl.where(s == 2, 65536.0, 0.0))), axis=2)
+        return w.to(tl.int32), w.to(tl.int32)
+    else:
+        lo = tl.sum(b * tl.where(s == 0, 1.0, tl.where(s == 1, 256.0, tl.where(s == 2, 65536.0, 0.0))), axis=2)
+        hi = tl.sum(b * tl.where(s == 2, 1.0, tl.where(s == 3, 256.0, tl.where(s == 4, 65536.0, 0.0))), axis=2)
+        return lo.to(tl.int32) & 0xFFFFF, hi.to(tl.int32) >> 4
+
+
+@triton.jit
 def load_codes(codes_ptr, rows, row_ok, elem, emask, n, ROWS: tl.constexpr, BITS: tl.constexpr,
-               BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, RAGGED: tl.constexpr):
+               BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, RAGGED: tl.constexpr, CONTIG: tl.constexpr = False):
     """Inverse of store_codes: int32 codes [ROWS, BLOCK_P] (masked lanes and invalid rows read 0)."""
     if BITS == 8:
         return _load_byte(codes_ptr + elem, emask)
@@ -299,8 +355,11 @@ def load_codes(codes_ptr, rows, row_ok, elem, emask, n, ROWS: tl.constexpr, BITS
     elif BITS == 6:
         k = tl.arange(0, BLOCK_P // 4)[None, :]
         m = _group_mask(rows, row_ok, k, n, 4, BLOCK, RAGGED)
-        base = codes_ptr + rows[:, None] * (BLOCK // 4 * 3) + 3 * k
-        word = _load_byte(base, m) | (_load_byte(base + 1, m) << 8) | (_load_byte(base + 2, m) << 16)
+        if CONTIG:
+            word, _ = _load_groups(codes_ptr, rows[:, None] * (BLOCK // 4 * 3), k, m, 3, 4)
+        else:
+            base = codes_ptr + rows[:, None] * (BLOCK // 4 * 3) + 3 * k
+            word = _load_byte(base, m) | (_load_byte(base + 1, m) << 8) | (_load_byte(base + 2, m) << 16)
         c0 = word & 63
         c1 = (word >> 6) & 63
         c2 = (word >> 12) & 63
@@ -309,10 +368,13 @@ def load_codes(codes_ptr, rows, row_ok, elem, emask, n, ROWS: tl.constexpr, BITS
     else:
         k = tl.arange(0, BLOCK_P // 8)[None, :]
         m = _group_mask(rows, row_ok, k, n, 8, BLOCK, RAGGED)
-        base = codes_ptr + rows[:, None] * (BLOCK // 8 * 5) + 5 * k
-        b2 = _load_byte(base + 2, m)
-        lo = _load_byte(base, m) | (_load_byte(base + 1, m) << 8) | ((b2 & 0xF) << 16)
-        hi = (b2 >> 4) | (_load_byte(base + 3, m) << 4) | (_load_byte(base + 4, m) << 12)
+        if CONTIG:
+            lo, hi = _load_groups(codes_ptr, rows[:, None] * (BLOCK // 8 * 5), k, m, 5, 8)
+        else:
+            base = codes_ptr + rows[:, None] * (BLOCK // 8 * 5) + 5 * k
+            b2 = _load_byte(base + 2, m)
+            lo = _load_byte(base, m) | (_load_byte(base + 1, m) << 8) | ((b2 & 0xF) << 16)
+            hi = (b2 >> 4) | (_load_byte(base + 3, m) << 4) | (_load_byte(base + 4, m) << 12)
         c0 = lo & 31
         c1 = (lo >> 5) & 31
         c2 = (lo >> 10) & 31
@@ -329,10 +391,10 @@ def load_codes(codes_ptr, rows, row_ok, elem, emask, n, ROWS: tl.constexpr, BITS
 @triton.jit
 def dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, row_ok, elem, emask, n, ROWS: tl.constexpr,
                     KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
-                    NF4_LUT: tl.constexpr, RAGGED: tl.constexpr, HW: tl.constexpr):
+                    NF4_LUT: tl.constexpr, RAGGED: tl.constexpr, HW: tl.constexpr, CONTIG: tl.constexpr = False):
     """fp32 decode(code) * scale for a tile (one rounding: a plain fp32 multiply). Invalid rows
     (``row_ok`` False) read scale 0, so they are exact zeros."""
-    c = load_codes(codes_ptr, rows, row_ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
+    c = load_codes(codes_ptr, rows, row_ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED, CONTIG)
     s = tl.load(scales_ptr + rows, mask=row_ok, other=0.0)
     return decode(c, lut_ptr, KIND, BITS, NF4_LUT, HW) * s[:, None]
 
@@ -548,7 +610,7 @@ def quantize_kernel(x_ptr, codes_ptr, scales_ptr, n, n_blocks, n_tiles,
                     KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
                     QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, X_FLOAT: tl.constexpr,
                     HW: tl.constexpr, elut_ptr=None, NF4_LUT: tl.constexpr = False, SCALE: tl.constexpr = 0,
-                    ts_ptr=None, VEC16: tl.constexpr = False):
+                    ts_ptr=None, VEC16: tl.constexpr = False, CONTIG: tl.constexpr = False):
     """x (n elements; fp32/fp16, or bf16 as int16) -> codes (int8 view of the uint8 buffer), scales fp32.
 
     VEC16 (agoq-cuda, whole power-of-two blocks >= 16): the 16-lane tile above; else the generic tile."""
@@ -567,7 +629,7 @@ def quantize_kernel(x_ptr, codes_ptr, scales_ptr, n, n_blocks, n_tiles,
             x = _load_f32(x_ptr, elem, emask, X_FLOAT)
             codes, scale = quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None,
                                          HW, SCALE, ts_ptr)
-            store_codes(codes_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
+            store_codes(codes_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED, CONTIG)
         tl.store(scales_ptr + rows, scale, mask=ok)
         t += tl.num_programs(0)
 
@@ -577,7 +639,7 @@ def dequantize_kernel(codes_ptr, scales_ptr, lut_ptr, out_ptr, n, n_blocks, n_ti
                       KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
                       QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, OUT_FLOAT: tl.constexpr,
                       NF4_LUT: tl.constexpr, HW: tl.constexpr, SCALE: tl.constexpr = 0,
-                      VEC16: tl.constexpr = False):
+                      VEC16: tl.constexpr = False, CONTIG: tl.constexpr = False):
     """codes + scales -> out (fp32/fp16, or bf16 as int16): fp32 decode * scale, one RNE cast.
 
     VEC16 (agoq-cuda, whole power-of-two blocks >= 16): codes read as words and unpacked in registers, a thread
@@ -593,7 +655,7 @@ def dequantize_kernel(codes_ptr, scales_ptr, lut_ptr, out_ptr, n, n_blocks, n_ti
         else:
             rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
             y = dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, ok, elem, emask, n,
-                                ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW)
+                                ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW, CONTIG)
             _store_f32(out_ptr, elem, y, emask, OUT_FLOAT, HW)
         t += tl.num_programs(0)
 
@@ -603,7 +665,7 @@ def accumulate_kernel(codes_ptr, scales_ptr, lut_ptr, g_ptr, n, n_blocks, n_tile
                       KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
                       QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, G_FLOAT: tl.constexpr,
                       NF4_LUT: tl.constexpr, HW: tl.constexpr, elut_ptr=None, SCALE: tl.constexpr = 0,
-                      VEC16: tl.constexpr = False):
+                      VEC16: tl.constexpr = False, CONTIG: tl.constexpr = False):
     """In place: (codes, scales) <- Q(D(codes, scales) + g), D in fp32 and one fp32 add.
 
     Each tile reads its own blocks before writing them, so in-place is race-free."""
@@ -623,14 +685,14 @@ def accumulate_kernel(codes_ptr, scales_ptr, lut_ptr, g_ptr, n, n_blocks, n_tile
         else:
             rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
             d = dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, ok, elem, emask, n,
-                                ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW)
+                                ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW, CONTIG)
             if not HW:  # no multiply-add contraction of decode * scale + g (see _materialise)
                 d = _materialise(d, n_tiles >> 31)
             g = _load_f32(g_ptr, elem, emask, G_FLOAT)
             acc = tl.where(emask, d + g, 0.0)  # padding lanes are 0, whatever garbage the pad codes hold
             codes, scale = quantize_tile(acc, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None,
                                          HW, SCALE)
-            store_codes(codes_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
+            store_codes(codes_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED, CONTIG)
             tl.store(scales_ptr + rows, scale, mask=ok)
         t += tl.num_programs(0)
 
@@ -641,7 +703,8 @@ def reduce_requantize_kernel(codes_ptr, scales_ptr, lut_ptr, codes_out_ptr, scal
                              n, n_blocks, n_tiles, world, codes_stride, scales_stride,
                              KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
                              QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, NF4_LUT: tl.constexpr,
-                             HW: tl.constexpr, elut_ptr=None, SCALE: tl.constexpr = 0, VEC16: tl.constexpr = False):
+                             HW: tl.constexpr, elut_ptr=None, SCALE: tl.constexpr = 0, VEC16: tl.constexpr = False,
+                             CONTIG: tl.constexpr = False):
     """codes[world, codes_stride], scales[world, scales_stride] -> Q(((D0 + D1) + D2) + ...).
 
     The fp32 sum runs in rank order (a left fold), so every rank and every backend gets the same bits."""
@@ -670,7 +733,7 @@ def reduce_requantize_kernel(codes_ptr, scales_ptr, lut_ptr, codes_out_ptr, scal
         else:
             rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
             acc = dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, ok, elem, emask, n,
-                                  ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW)
+                                  ROWS, KIND, BITS, BLOCK, BLOCK_P, NF4_LUT, RAGGED, HW, CONTIG)
             if not HW:
                 acc = _materialise(acc, n_tiles >> 31)
             r = 1
@@ -678,7 +741,7 @@ def reduce_requantize_kernel(codes_ptr, scales_ptr, lut_ptr, codes_out_ptr, scal
                 r64 = tl.cast(r, tl.int64)  # r * codes_stride passes 2**31 for big chunks (W = 8, 2**28 elements)
                 d = dequantize_tile(codes_ptr + r64 * codes_stride, scales_ptr + r64 * scales_stride, lut_ptr,
                                     rows, ok, elem, emask, n, ROWS, KIND, BITS, BLOCK, BLOCK_P,
-                                    NF4_LUT, RAGGED, HW)
+                                    NF4_LUT, RAGGED, HW, CONTIG)
                 if not HW:
                     d = _materialise(d, n_tiles >> 31)
                 acc = acc + d
@@ -686,7 +749,7 @@ def reduce_requantize_kernel(codes_ptr, scales_ptr, lut_ptr, codes_out_ptr, scal
             acc = tl.where(emask, acc, 0.0)
             codes, scale = quantize_tile(acc, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None,
                                          HW, SCALE)
-            store_codes(codes_out_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED)
+            store_codes(codes_out_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED, CONTIG)
             tl.store(scales_out_ptr + rows, scale, mask=ok)
         t += tl.num_programs(0)
 

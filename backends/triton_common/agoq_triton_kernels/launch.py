@@ -95,6 +95,9 @@ class LaunchGeometry(Protocol):
     search (for devices where gathers are slow)."""
     float64_via_float32: bool
     """Accept float64 inputs by rounding them to float32 with torch first (as the reference does)."""
+    # Optional: ``contig_pack: bool`` (default False): the CONTIG constexpr of the kernels: 5/6-bit pack groups
+    # written and read by one access contiguous per block instead of one strided access per byte (agoq-ascend:
+    # Triton-Ascend makes a 3/5-byte innermost stride a byte-by-byte transfer). Same bytes either way.
 
     def hw(self, device: torch.device, requested: bool | None) -> bool:
         """The HW constexpr for ``device`` (``requested``: None = the device default; an explicit True the
@@ -170,6 +173,8 @@ class Launcher:
             c = format_constexprs(kind=spec.kind, bits=spec.bits, block=spec.block, qmax=spec.qmax,
                                   scale_kind=getattr(spec, "scale_kind", "absmax"))
             c.update(HW=self.geometry.hw(device, hw), NF4_LUT=self.geometry.nf4_lut)
+            if getattr(self.geometry, "contig_pack", False):  # passed only when set: CUDA's launches stay unchanged
+                c["CONTIG"] = True
             if len(self._formats) < 4096:
                 self._formats[key] = c
         return c

@@ -1,0 +1,279 @@
+"""SiLU&Mul with its codec fused in: one pass over the tensors in forward and in backward.
+
+LAAQ keeps the SiLU&Mul input (the gate and up GEMM outputs) quantized. Unfused, the forward reads
+gate and up once for the codec and again for ``h = silu(gate) * up`` (plus a 16-bit ``silu(gate)``
+written and read back); the backward decodes both into 16-bit tensors, recomputes ``silu(gate)`` and
+``h`` and forms the two gradients in four more elementwise passes. Here:
+
+* ``silu_mul_quant``: one program takes ROWS blocks of gate and up, writes their codes and scales
+  (the shared block quantizer ``agoq_triton_kernels.kernels.quantize_tile`` and packer ``store_codes``:
+  bit-exact with the codec kernels) and ``h = round(round(silu(g)) * u)`` in the activation dtype.
+* ``silu_mul_backward``: decodes gate and up (``dequantize_tile``, rounded to the activation dtype as
+  ``dequantize`` writes them) and, from ``dh``, writes ``h`` (the down projection's weight-gradient
+  operand), ``dup = round(dh * round(silu(g)))`` and ``dgate = silu_backward(round(dh * u), g)``.
+
+Every step is the unfused path's: torch's SiLU is ``x / (1 + exp(-x))`` in fp32 (a correctly rounded
+division), torch's ``silu_backward`` is ``dy * s * (1 + x * (1 - s))`` with ``s = 1 / (1 + exp(-x))``.
+What a device's ``exp`` (and the compiler's multiply-add contraction) does differs, so each kernel has
+numerics *variants* (``*_variants(device)``, most likely match first); LAAQ keeps the first whose outputs
+equal the unfused path bit for bit on its first call (agoq_core.laaq.fusion), else runs unfused:
+
+    forward  libdevice  exp = libdevice __nv_expf (what nvcc's expf is)        GPU
+             fast_exp   exp = tl.exp (ex2.approx)                                GPU
+             exp        exp = tl.exp (numpy's exp in the interpreter: equal to torch's CPU SiLU after
+                        the bf16 rounding for all 65,536 bf16 inputs; checked in the tests)
+    backward table*     s from a 65,536-entry fp32 table of torch.sigmoid over every 16-bit input, built
+                        on the device by torch itself (so s is torch's, whatever its exp is)
+             libdevice* s computed with __nv_expf
+             *_fma      1 + x * (1 - s) as one fused multiply-add (nvcc contracts it by default)
+             table_fma64  the same single rounding computed in fp64 (the interpreter, whose tl.fma rounds
+                        twice; torch's CPU kernel is contracted by the compiler too: measured)
+
+Flat tensors of whole blocks (N % block == 0), bf16 or fp16, block-local formats (not NVFP4).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from agoq_triton_kernels.buffers import check_codec_buffers, float_view
+from agoq_triton_kernels.codes import bf16_bits_to_f32, f32_to_bf16_bits
+from agoq_triton_kernels.kernels import _load_f32, _store_f32, _tile, dequantize_tile, quantize_tile, store_codes
+from agoq_triton_kernels.layout import format_constexprs
+
+__all__ = ["silu_mul_quant_unsupported", "silu_mul_quant_into", "silu_mul_quant_variants",
+           "silu_mul_backward_unsupported", "silu_mul_backward_into", "silu_mul_backward_variants",
+           "FORWARD_VARIANTS", "BACKWARD_VARIANTS"]
+
+#: forward variant -> SILU (0: computed with tl.exp, 1: computed with libdevice exp, 2: from the table)
+FORWARD_VARIANTS = {"libdevice": 1, "fast_exp": 0, "exp": 0, "table": 2}
+#: backward variant -> (SILU of the recomputed silu(g), SIG: 0 computed with SILU's exp / 1 from the table, FMA)
+BACKWARD_VARIANTS = {"libdevice_fma": (1, 0, 1), "libdevice": (1, 0, 0), "table_fma": (2, 1, 1),
+                     "table": (2, 1, 0), "table_fma64": (2, 1, 2)}
+
+
+def silu_mul_quant_variants(device: torch.device) -> tuple[str, ...]:
+    """Forward variants runnable on ``device``, fastest first."""
+    return ("exp", "table") if device.type == "cpu" else ("libdevice", "fast_exp", "table")
+
+
+def silu_mul_backward_variants(device: torch.device) -> tuple[str, ...]:
+    """Backward variants runnable on ``device``, fastest first (a true FMA and libdevice need a GPU)."""
+    return ("table_fma64", "table") if device.type == "cpu" else ("libdevice_fma", "libdevice", "table_fma", "table")
+
+
+@triton.jit
+def _round(x, FLOAT: tl.constexpr):
+    """x rounded (RNE) to the activation dtype, back in fp32."""
+    if FLOAT == 1:
+        return bf16_bits_to_f32(f32_to_bf16_bits(x))
+    elif FLOAT == 2:
+        return x.to(tl.float16).to(tl.float32)
+    else:
+        return x
+
+
+@triton.jit
+def _exp(x, EXP: tl.constexpr):
+    if EXP == 1:  # libdevice __nv_expf (correctly reduced, what nvcc's expf compiles to)
+        return tl.extra.cuda.libdevice.exp(x)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
+def _bits16(g, FLOAT: tl.constexpr):
+    """The 16 bits of a bf16/fp16 value held exactly in fp32, as a table index in [0, 65536)."""
+    if FLOAT == 1:
+        return f32_to_bf16_bits(g) & 0xFFFF
+    else:
+        return g.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+
+
+@triton.jit
+def _silu16(g, mask, tab_ptr, SILU: tl.constexpr, FLOAT: tl.constexpr):
+    """silu(g) rounded to the activation dtype (in fp32). SILU 0/1: torch's SiLU formula in fp32,
+    x / (1 + exp(-x)) with a correctly rounded division (nvcc's default), tl.exp / libdevice exp;
+    SILU 2: torch's own F.silu of this 16-bit value, from the table."""
+    if SILU == 2:
+        return tl.load(tab_ptr + _bits16(g, FLOAT), mask=mask, other=0.0)
+    else:
+        return _round(tl.math.div_rn(g, 1.0 + _exp(-g, SILU)), FLOAT)
+
+
+@triton.jit(do_not_specialize=["n", "n_blocks", "n_tiles"])
+def _silu_mul_quant_kernel(g_ptr, u_ptr, h_ptr, gc_ptr, gs_ptr, uc_ptr, us_ptr, n, n_blocks, n_tiles,
+                           KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
+                           QMAX: tl.constexpr, ROWS: tl.constexpr, FLOAT: tl.constexpr, HW: tl.constexpr,
+                           SILU: tl.constexpr, SCALE: tl.constexpr = 0, elut_ptr=None, NF4_LUT: tl.constexpr = False,
+                           tab_ptr=None):
+    t = tl.program_id(0)
+    while t < n_tiles:
+        rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, False)
+        g = _load_f32(g_ptr, elem, emask, FLOAT)
+        u = _load_f32(u_ptr, elem, emask, FLOAT)
+        c, s = quantize_tile(g, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT, HW, SCALE)
+        store_codes(gc_ptr, c, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, False)
+        tl.store(gs_ptr + rows, s, mask=ok)
+        c, s = quantize_tile(u, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT, HW, SCALE)
+        store_codes(uc_ptr, c, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, False)
+        tl.store(us_ptr + rows, s, mask=ok)
+        a = _silu16(g, emask, tab_ptr, SILU, FLOAT)
+        _store_f32(h_ptr, elem, a * u, emask, FLOAT, HW)  # 16-bit x 16-bit is exact in fp32: one rounding
+        t += tl.num_programs(0)
+
+
+@triton.jit(do_not_specialize=["n", "n_blocks", "n_tiles"])
+def _silu_mul_backward_kernel(dh_ptr, gc_ptr, gs_ptr, uc_ptr, us_ptr, lut_ptr, tab_ptr, sig_ptr, h_ptr, dg_ptr, du_ptr,
+                              n, n_blocks, n_tiles, KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
+                              BLOCK_P: tl.constexpr, ROWS: tl.constexpr, FLOAT: tl.constexpr, HW: tl.constexpr,
+                              NF4_LUT: tl.constexpr, SILU: tl.constexpr, SIG: tl.constexpr, FMA: tl.constexpr):
+    t = tl.program_id(0)
+    while t < n_tiles:
+        rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, False)
+        g = _round(dequantize_tile(gc_ptr, gs_ptr, lut_ptr, rows, ok, elem, emask, n, ROWS, KIND, BITS, BLOCK,
+                                   BLOCK_P, NF4_LUT, False, HW), FLOAT)
+        u = _round(dequantize_tile(uc_ptr, us_ptr, lut_ptr, rows, ok, elem, emask, n, ROWS, KIND, BITS, BLOCK,
+                                   BLOCK_P, NF4_LUT, False, HW), FLOAT)
+        dh = _load_f32(dh_ptr, elem, emask, FLOAT)
+        a = _silu16(g, emask, tab_ptr, SILU, FLOAT)
+        _store_f32(h_ptr, elem, a * u, emask, FLOAT, HW)
+        _store_f32(du_ptr, elem, dh * a, emask, FLOAT, HW)
+        dy = _round(dh * u, FLOAT)
+        if SIG == 1:  # torch.sigmoid of this 16-bit value, from the table (index: its 16 bits)
+            s = tl.load(sig_ptr + _bits16(g, FLOAT), mask=emask, other=0.0)
+        else:
+            s = tl.math.div_rn(1.0, 1.0 + _exp(-g, SILU))
+        if FMA == 2:  # a single rounding in fp64 (x: 16-bit, 1 - s: fp32 -> the product is exact in fp64)
+            t1 = (g.to(tl.float64) * (1.0 - s).to(tl.float64) + 1.0).to(tl.float32)
+        elif FMA == 1:
+            t1 = tl.fma(g, 1.0 - s, 1.0)
+        else:
+            t1 = 1.0 + g * (1.0 - s)
+        _store_f32(dg_ptr, elem, (dy * s) * t1, emask, FLOAT, HW)
+        t += tl.num_programs(0)
+
+
+def _common_unsupported(t: torch.Tensor, spec, what: str) -> str | None:
+    if t.dtype not in (torch.bfloat16, torch.float16):
+        return f"{what} is {t.dtype}; the fused SiLU&Mul takes bfloat16 or float16"
+    if getattr(spec, "tensor_scaled", False):
+        return f"{spec.name} has a per-tensor scale (one pass over the whole tensor first); not fused"
+    if t.numel() % spec.block:
+        return f"{t.numel()} elements are not whole blocks of {spec.block}"
+    if t.numel() >= 1 << 31:
+        return f"{t.numel()} elements >= 2**31 (int32 offsets)"
+    return None
+
+
+def silu_mul_quant_unsupported(gate: torch.Tensor, up: torch.Tensor, spec) -> str | None:
+    """Why the fused SiLU&Mul + quantize cannot run here (None: it can). Launches nothing."""
+    if gate.shape != up.shape or gate.dtype != up.dtype or gate.device != up.device:
+        return f"gate {tuple(gate.shape)} {gate.dtype} and up {tuple(up.shape)} {up.dtype} differ"
+    if not (gate.is_contiguous() and up.is_contiguous()):
+        return "gate and up must be contiguous (a fused gate_up projection's halves are not)"
+    return _common_unsupported(gate, spec, "gate")
+
+
+def silu_mul_backward_unsupported(dh: torch.Tensor, spec) -> str | None:
+    """Why the fused SiLU&Mul backward cannot run here (None: it can). Launches nothing."""
+    if not dh.is_contiguous():
+        return "dh must be contiguous"
+    return _common_unsupported(dh, spec, "dh")
+
+
+def _launch_consts(spec, n: int, dtype: torch.dtype, device: torch.device, programs: int | None, hw: bool | None):
+    from agoq_cuda.launch import LAUNCHER
+
+    c = format_constexprs(kind=spec.kind, bits=spec.bits, block=spec.block, qmax=spec.qmax,
+                          scale_kind=spec.scale_kind)
+    la = LAUNCHER.geometry.plan("quantize", spec, n, dtype, device, rows=None, programs=programs)
+    return c, la, LAUNCHER.geometry.hw(device, hw), LAUNCHER
+
+
+def silu_mul_quant_into(gate: torch.Tensor, up: torch.Tensor, spec, h: torch.Tensor, gate_codes: torch.Tensor,
+                        gate_scales: torch.Tensor, up_codes: torch.Tensor, up_scales: torch.Tensor, *,
+                        variant: str | None = None, programs: int | None = None, hw: bool | None = None) -> None:
+    """h = silu(gate) * up (gate's dtype) and the codes/scales of gate and up (flattened), in one pass."""
+    why = silu_mul_quant_unsupported(gate, up, spec)
+    if why:
+        raise ValueError(f"silu_mul_quant: {why}")
+    variant = variant or silu_mul_quant_variants(gate.device)[0]
+    if variant not in FORWARD_VARIANTS:
+        raise ValueError(f"silu_mul_quant: unknown variant {variant!r}; known: {sorted(FORWARD_VARIANTS)}")
+    silu = FORWARD_VARIANTS[variant]
+    if gate.device.type == "cpu" and silu == 1:
+        raise ValueError(f"silu_mul_quant: variant {variant!r} needs a GPU (libdevice exp)")
+    n = gate.numel()
+    for c_, s_, what in ((gate_codes, gate_scales, "gate"), (up_codes, up_scales, "up")):
+        check_codec_buffers(spec, n, c_, s_, gate.device, f"silu_mul_quant ({what})")
+    if h.shape != gate.shape or h.dtype != gate.dtype or not h.is_contiguous():
+        raise ValueError(f"silu_mul_quant: h must be contiguous {tuple(gate.shape)} {gate.dtype}")
+    if n == 0:
+        return
+    c, la, hw_, launcher = _launch_consts(spec, n, gate.dtype, gate.device, programs, hw)
+    gv, fk = float_view(gate.reshape(-1), "silu_mul_quant")
+    uv, _ = float_view(up.reshape(-1), "silu_mul_quant")
+    hv, _ = float_view(h.reshape(-1), "silu_mul_quant")
+    elut = launcher._elut(spec, gate.device)
+    _silu_mul_quant_kernel[(la.grid,)](
+        gv, uv, hv, gate_codes.view(torch.int8), gate_scales, up_codes.view(torch.int8), up_scales,
+        n, spec.num_blocks(n), la.n_tiles, KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"], BLOCK_P=la.block_p,
+        QMAX=c["QMAX"], ROWS=la.rows, FLOAT=fk, HW=hw_, SILU=silu, SCALE=c.get("SCALE", 0),
+        elut_ptr=elut, NF4_LUT=elut is not None, tab_ptr=silu_table(gate.dtype, gate.device) if silu == 2 else None,
+        enable_fp_fusion=False, **la.options)
+
+
+@functools.cache
+def silu_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """torch's F.silu of every 16-bit pattern of ``dtype`` (index = the bits as uint16), as fp32, computed
+    by torch on ``device``: bit for bit what the unfused forward's activation returns."""
+    bits = torch.arange(0, 1 << 16, dtype=torch.int32, device=device).to(torch.int16)
+    return torch.nn.functional.silu(bits.view(dtype)).to(torch.float32).contiguous()
+
+
+@functools.cache
+def sigmoid_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """fp32 torch.sigmoid of every 16-bit pattern of ``dtype`` (index = the bits as uint16), built by
+    torch on ``device``: the ``s`` torch's silu_backward computes internally (same exp, same division)."""
+    bits = torch.arange(0, 1 << 16, dtype=torch.int32, device=device).to(torch.int16)
+    return torch.sigmoid(bits.view(dtype).to(torch.float32)).contiguous()
+
+
+def silu_mul_backward_into(dh: torch.Tensor, gate_codes: torch.Tensor, gate_scales: torch.Tensor,
+                           up_codes: torch.Tensor, up_scales: torch.Tensor, spec, h: torch.Tensor,
+                           dgate: torch.Tensor, dup: torch.Tensor, *, variant: str | None = None,
+                           programs: int | None = None, hw: bool | None = None) -> None:
+    """From the kept codes of gate and up and dh = dL/dh: h = silu(g) * u, dup = dh * silu(g),
+    dgate = silu_backward(dh * u, g), all in dh's dtype (g, u = the decoded gate and up)."""
+    from agoq_triton_kernels.launch import nf4_lut
+
+    why = silu_mul_backward_unsupported(dh, spec)
+    if why:
+        raise ValueError(f"silu_mul_backward: {why}")
+    variant = variant or silu_mul_backward_variants(dh.device)[0]
+    if variant not in BACKWARD_VARIANTS:
+        raise ValueError(f"silu_mul_backward: unknown variant {variant!r}; known: {sorted(BACKWARD_VARIANTS)}")
+    silu, sig, fma = BACKWARD_VARIANTS[variant]
+    if dh.device.type == "cpu" and (silu == 1 or fma == 1):
+        raise ValueError(f"silu_mul_backward: variant {variant!r} needs a GPU (libdevice exp / a true FMA)")
+    n = dh.numel()
+    for c_, s_, what in ((gate_codes, gate_scales, "gate"), (up_codes, up_scales, "up")):
+        check_codec_buffers(spec, n, c_, s_, dh.device, f"silu_mul_backward ({what})")
+    for t, what in ((h, "h"), (dgate, "dgate"), (dup, "dup")):
+        if t.shape != dh.shape or t.dtype != dh.dtype or not t.is_contiguous():
+            raise ValueError(f"silu_mul_backward: {what} must be contiguous {tuple(dh.shape)} {dh.dtype}")
+    if n == 0:
+        return
+    c, la, hw_, launcher = _launch_consts(spec, n, dh.dtype, dh.device, programs, hw)
+    dv, fk = float_view(dh.reshape(-1), "silu_mul_backward")
+    outs = [float_view(t.reshape(-1), "silu_mul_backward")[0] for t in (h, dgate, dup)]
+    sig_t = sigmoid_table(dh.dtype, dh.device) if sig else None
+    _silu_mul_backward_kernel[(la.grid,)](
+        dv, gate_codes.view(torch.int8), gate_scales, up_codes.view(torch.int8), up_scales, nf4_lut(dh.device),
+        silu_table(dh.dtype, dh.device) if silu == 2 else None, sig_t, *outs, n, spec.num_blocks(n), la.n_tiles, KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"],
+        BLOCK_P=la.block_p, ROWS=la.rows, FLOAT=fk, HW=hw_, NF4_LUT=launcher.geometry.nf4_lut, SILU=silu, SIG=sig,
+        FMA=fma, enable_fp_fusion=False, **la.options)
