@@ -394,8 +394,9 @@ class SwiGLUFunction(torch.autograd.Function):
         ins, td = list(zip(metas[:-1], parts[:-1])), parts[-1]
         masks = []
         h = None
-        if len(ins) == 2 and not any(m.adapters for m, _ in ins) and fusion.silu_mul_fusable(act, act_spec, backend) \
-                and not fusion.fusion_enabled("gemm"):  # with the GEMM group, the FC1 epilogue writes the codes
+        # (with the FC1 GEMM epilogue switched on, that writes the codes instead: silu_mul_fusable says no)
+        if len(ins) == 2 and not any(m.adapters for m, _ in ins) \
+                and fusion.silu_mul_fusable(act, act_spec, backend, x.device):
             # SiLU&Mul with its codec fused in (fusion.silu_mul_and_quantize): gate and up read once
             (_, tg), (_, tu) = ins
             g, u = F.linear(x, tg[0], tg[1]), F.linear(x, tu[0], tu[1])
