@@ -521,7 +521,9 @@ class SwiGLUFunction(torch.autograd.Function):
             x2 = storage.load(ctx.x, None, ctx.backend).reshape(-1, hid)
         acc_t = torch.promote_types(grad_out.dtype, torch.float32)
         acc: list = [None] * len(tensors)
-        dx2 = torch.empty(tokens, hid, dtype=ctx.x_dtype, device=grad_out.device) if need[0] else None
+        # one chunk (the usual case): dx is the chunk's own sum, no [tokens, hidden] copy into a buffer
+        dx2 = torch.empty(tokens, hid, dtype=ctx.x_dtype, device=grad_out.device) if need[0] and chunk < tokens \
+            else None
 
         def add(i: int, val: torch.Tensor | None) -> None:
             if val is None:
@@ -573,7 +575,10 @@ class SwiGLUFunction(torch.autograd.Function):
                     if extra is not None:
                         d = d + extra.to(ctx.x_dtype)
             if need[0]:
-                dx2[t0:t1] = d.reshape(t1 - t0, hid)
+                if dx2 is None:
+                    dx2 = d.reshape(t1 - t0, hid)
+                else:
+                    dx2[t0:t1] = d.reshape(t1 - t0, hid)
             del douts, xc, d
         del x2
         out = [(v.to(t.dtype) if v is not None else None) for v, t in zip(acc, tensors)]

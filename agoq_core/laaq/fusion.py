@@ -30,9 +30,9 @@ Dispatch (docs/fusion.md): when an op is switched on (:func:`fusion_enabled`: ``
 elementwise group on CUDA devices), the selected backend claims the op and the backend's
 ``*_unsupported`` check returns None, the fused kernel runs; otherwise
 the unfused composition (a torch GEMM plus the backend's codec) runs and the reason is logged once.
-A failing kernel is never caught. The unfused weight-gradient GEMM is ``(Xᵀ·dY)ᵀ`` on the flattened
-tokens, the product PyTorch's own Linear backward computes, so LAAQ with native storage reproduces
-its gradients bit for bit (tested).
+A failing kernel is never caught. The unfused weight-gradient GEMM is ``dYᵀ·X`` on the flattened
+tokens, the product (and the contiguous layout) PyTorch's own Linear backward computes, so LAAQ with
+native storage reproduces its gradients bit for bit (tested).
 """
 from __future__ import annotations
 
@@ -177,7 +177,10 @@ def weight_grad(grad_out: torch.Tensor, x: torch.Tensor | Stored, *, backend: st
         x = dequantize_for_gemm(x, grad_out.dtype, backend)
     g2 = grad_out.reshape(-1, grad_out.shape[-1])
     x2 = x.reshape(-1, x.shape[-1])
-    return x2.t().mm(g2).t()
+    # dYᵀ·X, the GEMM PyTorch's own Linear backward runs (autograd's mm_mat2_backward for the column-major
+    # weight.t()): a contiguous [out, in] gradient. (Xᵀ·dY)ᵀ, used before, is the same product but a
+    # transposed view, which AccumulateGrad then copies (or adds with strided reads) on every step.
+    return g2.t().mm(x2)
 
 
 def weight_grad_gated(grad_out: torch.Tensor, x: Stored, mul: torch.Tensor, *, dense: torch.Tensor | None = None,
