@@ -119,7 +119,7 @@ def test_fusion_switch_values(monkeypatch):
         monkeypatch.setenv("AGOQ_FUSION", raw)
         assert fusion.fusion_groups() == want
     monkeypatch.setenv("AGOQ_FUSION", "norms")
-    with pytest.raises(ValueError, match="unknown group\(s\) or op"):
+    with pytest.raises(ValueError, match=r"unknown group\(s\) or op"):
         fusion.fusion_groups()
 
 
