@@ -312,7 +312,10 @@ if not checks["math_exact_ops_vs_unfused"]["bit_identical"]:
     errors.append(f"LAAQ layer: the bit-exact fused ops change gradients: "
                   f"{sorted(checks['math_exact_ops_vs_unfused']['differing'])}")
 allv = checks["math_all_elementwise_vs_unfused"]
-if not allv["bit_identical"] and (norm_rows_differing == 0 or max(d["rel"] for d in allv["differing"].values()) > 1e-2):
+# The fused norm may move rows by <= 2 bf16 steps (its check ran on the flash run's inputs; the math run's
+# differ, so it may differ in other rows here): then the gradients differ a little, else they must not.
+norm_fused = layer["chosen_variants"].get("rmsnorm_quant") is not None
+if not allv["bit_identical"] and (not norm_fused or max(d["rel"] for d in allv["differing"].values()) > 1e-2):
     errors.append("LAAQ layer: fused gradients differ from unfused beyond the norm's tolerance: "
                   f"{ {n: round(d['rel'], 6) for n, d in allv['differing'].items()} }")
 set_fusion(None if dev.type == "cuda" else FUSED)
