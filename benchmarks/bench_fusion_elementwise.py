@@ -268,14 +268,16 @@ def set_fusion(value: str | None):
 
 
 def compare(a: list, b: list) -> dict:
-    """Which tensors differ, and by how much (max |a-b| / max |b|, and the count of differing elements)."""
+    """Which tensors differ, and by how much: max |a-b| / max |b|, the normalised L2 difference
+    ||a-b|| / ||b|| and the count of differing elements."""
     diff = {}
     for (n, x), (n2, y) in zip(a, b, strict=True):
         assert n == n2, (n, n2)
         if not torch.equal(x, y):
             d = (x.float() - y.float()).abs()
             diff[n] = {"elements": int((x != y).sum()), "max_abs": float(d.max()),
-                       "rel": float(d.max() / y.float().abs().max().clamp_min(1e-30))}
+                       "rel": float(d.max() / y.float().abs().max().clamp_min(1e-30)),
+                       "rel_l2": float(d.norm() / y.float().norm().clamp_min(1e-30))}
     return {"bit_identical": not diff, "differing": diff}
 
 
@@ -313,11 +315,17 @@ if not checks["math_exact_ops_vs_unfused"]["bit_identical"]:
                   f"{sorted(checks['math_exact_ops_vs_unfused']['differing'])}")
 allv = checks["math_all_elementwise_vs_unfused"]
 # The fused norm may move rows by <= 2 bf16 steps (its check ran on the flash run's inputs; the math run's
-# differ, so it may differ in other rows here): then the gradients differ a little, else they must not.
+# differ, so it may differ in other rows here). Downstream, 4-bit codes of the MLP input flip wherever a
+# value sits near a rounding boundary, so every gradient then differs at the level of LAAQ's own
+# quantization noise (normalised L2 ~0.1 at nf4, docs/laaq.md): the bound is a fraction of that noise,
+# not an element-wise one. Without the fused norm the gradients must be bit-identical.
+NORM_FUSED_MAX_REL_L2 = 0.05
 norm_fused = layer["chosen_variants"].get("rmsnorm_quant") is not None
-if not allv["bit_identical"] and (not norm_fused or max(d["rel"] for d in allv["differing"].values()) > 1e-2):
+if not allv["bit_identical"] and (not norm_fused or max(d["rel_l2"] for d in allv["differing"].values())
+                                  > NORM_FUSED_MAX_REL_L2):
     errors.append("LAAQ layer: fused gradients differ from unfused beyond the norm's tolerance: "
-                  f"{ {n: round(d['rel'], 6) for n, d in allv['differing'].items()} }")
+                  f"{ {n: round(d['rel_l2'], 6) for n, d in allv['differing'].items()} } (normalised L2; bound "
+                  f"{NORM_FUSED_MAX_REL_L2} with the fused norm)")
 set_fusion(None if dev.type == "cuda" else FUSED)
 report["decoder_layer"] = layer
 
@@ -430,7 +438,8 @@ print(f"decoder layer fwd+bwd: plain {layer['plain_ms']:.2f} ms, LAAQ {layer['la
 for name, c in layer["checks"].items():
     if isinstance(c, dict):
         print(f"  {name:34s} bit-identical {c['bit_identical']}"
-              + (f"  differing: { {n: (d['elements'], f'{d[chr(114) + chr(101) + chr(108)]:.2e}') for n, d in c['differing'].items()} }"
+              + ("  differing (elements, max rel, normalised L2): "
+                 + str({n: (d["elements"], f"{d['rel']:.2e}", f"{d['rel_l2']:.2e}") for n, d in c["differing"].items()})
                  if c["differing"] else ""))
 print(f"  norm rows accepted within tolerance during the checks: {layer['checks']['norm_rows_differing_in_checks']}")
 for arm, pr in report["profile"].items():
