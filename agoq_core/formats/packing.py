@@ -11,11 +11,16 @@ Written as unrolled shifts and ORs on column slices of a ``[groups, G]`` view an
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from agoq_core.formats.spec import FormatSpec
 
 __all__ = ["pack_codes", "unpack_codes"]
+
+
+_LITTLE_ENDIAN = sys.byteorder == "little"
 
 
 def _word_dtype(spec: FormatSpec) -> torch.dtype:
@@ -40,6 +45,11 @@ def pack_codes(codes: torch.Tensor, spec: FormatSpec) -> torch.Tensor:
         raise ValueError(f"pack_codes: {codes.numel()} codes is not a multiple of the pack group {g}")
     if b == 8:
         return codes.to(torch.uint8).reshape(-1)  # convert before flattening: Inductor keeps the 2-D loop
+    if b == 4 and _LITTLE_ENDIAN and codes.dim() and codes.shape[-1] % 2 == 0:
+        # Byte pairs read as one int16 word (low byte = even code): contiguous, so Inductor vectorises
+        # it, where the column slices below (stride 2) stay a scalar loop; 1.6x faster nf4 quantize.
+        w = codes.to(torch.uint8).contiguous().view(torch.int16)
+        return ((w & 0x0F) | ((w >> 4) & 0xF0)).to(torch.uint8).reshape(-1)
     c = _groups(codes, g).to(_word_dtype(spec))
     word = c[..., 0]
     for k in range(1, g):
