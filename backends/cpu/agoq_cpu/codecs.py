@@ -24,10 +24,10 @@ from __future__ import annotations
 import torch
 
 from agoq_core.formats.packing import pack_codes, unpack_codes
-from agoq_core.formats.reference import decode_table, nf4_thresholds
+from agoq_core.formats.reference import encode, nf4_thresholds
 from agoq_core.formats.spec import MIN_NORMAL_F32, FormatSpec
 
-__all__ = ["quantize_blocks", "dequantize_blocks", "accumulate_blocks", "reduce_blocks", "spec_key"]
+__all__ = ["prepare", "quantize_blocks", "dequantize_blocks", "accumulate_blocks", "reduce_blocks", "spec_key"]
 
 _F32_MAX = torch.finfo(torch.float32).max
 _FP4_THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
@@ -62,6 +62,20 @@ def _encode(v: torch.Tensor, spec: FormatSpec) -> torch.Tensor:
     raise ValueError(f"agoq-cpu: no encoder for code kind {spec.kind!r}")
 
 
+# spec_key -> whether the oracle encodes 0.0 as the zero code (every format today). Then a non-finite
+# block needs no select of its own on the codes: that per-block mask applied to uint8 codes compiled
+# into a scalar loop that took 80% of the fp8 quantize kernel (perf, 2026-12-01). Filled by prepare()
+# outside any graph (Dynamo cannot trace the oracle's .item()); a format not prepared keeps the select.
+_ZERO_IS_ZERO_CODE: dict[tuple, bool] = {}
+
+
+def prepare(spec: FormatSpec) -> None:
+    """One-time, per format, outside compiled graphs: the facts about ``spec`` these functions read."""
+    key = spec_key(spec)
+    if key not in _ZERO_IS_ZERO_CODE:
+        _ZERO_IS_ZERO_CODE[key] = int(encode(torch.zeros(1), spec)[0]) == spec.zero_code
+
+
 def quantize_blocks(x2d: torch.Tensor, qmax: torch.Tensor, spec: FormatSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """x2d[NB, B] (fp32/bf16/fp16) -> (packed codes uint8[NB * B * bits / 8], scales fp32[NB]).
 
@@ -83,7 +97,9 @@ def quantize_blocks(x2d: torch.Tensor, qmax: torch.Tensor, spec: FormatSpec) -> 
     x = torch.where(x.abs() < MIN_NORMAL_F32, 0.0, x)        # flush subnormals and -0 (float compares vectorise)
     zero = scale == 0
     v = torch.where(zero, 0.0, x / torch.where(zero, 1.0, scale))
-    codes = torch.where(nonfinite, spec.zero_code, _encode(v, spec))
+    codes = _encode(v, spec)  # v is 0 in a non-finite block (its scale is 0 here): the zero code
+    if not _ZERO_IS_ZERO_CODE.get(spec_key(spec), False):
+        codes = torch.where(nonfinite, spec.zero_code, codes)
     scale = torch.where(nonfinite, float("nan"), scale)
     return pack_codes(codes, spec), scale.reshape(-1)
 
