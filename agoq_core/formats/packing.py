@@ -36,7 +36,8 @@ def _groups(t: torch.Tensor, g: int) -> torch.Tensor:
 
 
 def pack_codes(codes: torch.Tensor, spec: FormatSpec) -> torch.Tensor:
-    """Pack integer codes (any int dtype, values in [0, 2**bits)) into a uint8 tensor.
+    """Pack integer codes (any int dtype, or floats holding exact integers; values in [0, 2**bits)) into
+    a uint8 tensor.
 
     ``codes.numel()`` must be a multiple of ``spec.pack_group``.
     """
@@ -45,11 +46,15 @@ def pack_codes(codes: torch.Tensor, spec: FormatSpec) -> torch.Tensor:
         raise ValueError(f"pack_codes: {codes.numel()} codes is not a multiple of the pack group {g}")
     if b == 8:
         return codes.to(torch.uint8).reshape(-1)  # convert before flattening: Inductor keeps the 2-D loop
-    if b == 4 and _LITTLE_ENDIAN and codes.dim() and codes.shape[-1] % 2 == 0:
-        # Byte pairs read as one int16 word (low byte = even code): contiguous, so Inductor vectorises
-        # it, where the column slices below (stride 2) stay a scalar loop; 1.6x faster nf4 quantize.
-        w = codes.to(torch.uint8).contiguous().view(torch.int16)
-        return ((w & 0x0F) | ((w >> 4) & 0xF0)).to(torch.uint8).reshape(-1)
+    if b == 4 and _LITTLE_ENDIAN and codes.dim() and codes.shape[-1] % 8 == 0:
+        # 8 codes read as one int64 word (code k in byte k) and their nibbles gathered into one int32:
+        # contiguous loads, which Inductor vectorises, where the column slices below (stride 2) stay a
+        # scalar loop (the cpu backend's nf4 quantize 10% faster).
+        w = codes.to(torch.uint8).contiguous().view(torch.int64)
+        out = w & 0xF
+        for k in range(1, 8):
+            out = out | ((w >> (4 * k)) & (0xF << (4 * k)))
+        return out.to(torch.int32).view(torch.uint8).reshape(-1)
     c = _groups(codes, g).to(_word_dtype(spec))
     word = c[..., 0]
     for k in range(1, g):
