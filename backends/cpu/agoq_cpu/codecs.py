@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 
 from agoq_core.formats.packing import pack_codes, unpack_codes
-from agoq_core.formats.reference import encode, nf4_thresholds
-from agoq_core.formats.spec import MIN_NORMAL_F32, FormatSpec
+from agoq_core.formats.reference import decode_table, encode, nf4_thresholds
+from agoq_core.formats.spec import MIN_NORMAL_F32, FormatSpec, get_format
 
 __all__ = ["prepare", "quantize_blocks", "dequantize_blocks", "accumulate_blocks", "reduce_blocks", "spec_key"]
 
@@ -36,6 +36,8 @@ _FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 # The oracle's NF4 thresholds, as Python floats computed once here: inside a compiled graph they are
 # constants (the oracle computes them with tensor ops, which Dynamo cannot turn into constants).
 _NF4_THRESHOLDS = nf4_thresholds()
+# The oracle's decode tables of the 4-bit float-valued kinds, as Python floats (constants in a graph).
+_TABLE4 = {k: tuple(decode_table(get_format(k)).tolist()) for k in ("nf4", "fp4_e2m1")}
 assert list(_NF4_THRESHOLDS) == sorted(_NF4_THRESHOLDS) and len(_NF4_THRESHOLDS) == 15
 
 
@@ -133,10 +135,28 @@ def _decode(packed: torch.Tensor, nb: int, spec: FormatSpec, table: torch.Tensor
     """Packed codes of NB blocks -> their fp32 values before scaling, [NB, B]."""
     if spec.kind in _FP8:  # one byte per code: torch's exact FP8 -> fp32 conversion, no gather
         return packed.reshape(nb, -1).view(_FP8[spec.kind]).to(torch.float32)
+    if spec.bits == 4 and spec.kind in _TABLE4:  # 16 values: selects on the code's bits, no gather
+        return _select16(unpack_codes(packed.reshape(nb, -1), spec, dtype=torch.uint8).reshape(nb, -1),
+                         _TABLE4[spec.kind])
     codes = unpack_codes(packed.reshape(nb, -1), spec).reshape(nb, -1)
     if spec.kind == "int":
         return (codes - (1 << (spec.bits - 1))).to(torch.float32)
     return table[codes]  # the oracle's decode table (exact fp32 values of every code)
+
+
+def _select16(codes: torch.Tensor, values: tuple[float, ...]) -> torch.Tensor:
+    """values[codes] for 4-bit codes, as a tree of 15 selects of constants on the code's bits: Inductor
+    vectorises it, while a table lookup is a gather it runs one element at a time (nf4 dequantize 1.5x
+    faster at 704K elements)."""
+    bits = [(codes & (1 << b)) != 0 for b in range(4)]
+
+    def pick(lo: int, n: int, b: int):
+        if n == 1:
+            return values[lo]
+        h = n // 2
+        return torch.where(bits[b - 1], pick(lo + h, h, b - 1), pick(lo, h, b - 1))
+
+    return pick(0, 16, 4)
 
 
 def dequantize_blocks(codes: torch.Tensor, scales: torch.Tensor, table: torch.Tensor, spec: FormatSpec,
