@@ -138,7 +138,8 @@ def _decode(packed: torch.Tensor, nb: int, spec: FormatSpec, table: torch.Tensor
     if spec.bits == 4 and spec.kind in _TABLE4:  # 16 values: selects on the code's bits, no gather
         return _select16(unpack_codes(packed.reshape(nb, -1), spec, dtype=torch.int32).reshape(nb, -1),
                          _TABLE4[spec.kind])
-    codes = unpack_codes(packed.reshape(nb, -1), spec).reshape(nb, -1)
+    narrow = spec.kind == "int"  # offset-binary codes: int32 is enough, and lets 5/6-bit unpack use words
+    codes = unpack_codes(packed.reshape(nb, -1), spec, dtype=torch.int32 if narrow else torch.int64).reshape(nb, -1)
     if spec.kind == "int":
         return (codes - (1 << (spec.bits - 1))).to(torch.float32)
     return table[codes]  # the oracle's decode table (exact fp32 values of every code)
