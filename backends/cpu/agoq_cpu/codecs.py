@@ -47,6 +47,17 @@ def spec_key(spec: FormatSpec) -> tuple:
     return (spec.kind, spec.bits, spec.qmax)
 
 
+def _threshold(ts: tuple[float, ...], masks: list[torch.Tensor], lo: int, hi: int, depth: int):
+    """The binary search's next threshold within ts[lo:hi], selected by the masks found so far. (Module
+    level, not a recursive closure: that would be a reference cycle keeping the masks alive until the
+    garbage collector runs.)"""
+    mid = (lo + hi) // 2
+    if depth == len(masks):
+        return ts[mid]
+    return torch.where(masks[depth], _threshold(ts, masks, mid + 1, hi, depth + 1),
+                       _threshold(ts, masks, lo, mid, depth + 1))
+
+
 def _count_above(v: torch.Tensor, ts: tuple[float, ...]) -> torch.Tensor:
     """#{t in ts : v > t} for thresholds sorted ascending, 2**k - 1 of them, by binary search: k compares
     and 2**k - k - 1 selects of constants instead of 2**k - 1 compares and adds (NF4: 4 and 11 against 15
@@ -54,17 +65,10 @@ def _count_above(v: torch.Tensor, ts: tuple[float, ...]) -> torch.Tensor:
     as exact small floats: Inductor vectorises float selects and the float -> uint8 conversion of the
     packer, but converts int32 -> uint8 one element at a time (nf4 quantize 1.5 -> 0.9 ms at 704K)."""
     masks: list[torch.Tensor] = []
-
-    def threshold(lo: int, hi: int, depth: int):  # the next level's threshold within ts[lo:hi]
-        mid = (lo + hi) // 2
-        if depth == len(masks):
-            return ts[mid]
-        return torch.where(masks[depth], threshold(mid + 1, hi, depth + 1), threshold(lo, mid, depth + 1))
-
     k = (len(ts) + 1).bit_length() - 1
     code = None
     for d in range(k):
-        m = v > threshold(0, len(ts), 0)
+        m = v > _threshold(ts, masks, 0, len(ts), 0)
         masks.append(m)
         bit = torch.where(m, float(1 << (k - 1 - d)), 0.0)
         code = bit if code is None else code + bit
@@ -151,14 +155,15 @@ def _select16(codes: torch.Tensor, values: tuple[float, ...]) -> torch.Tensor:
     dequantize 1.5x faster at 704K elements). Not on uint8 codes: their masks select floats one element
     at a time (60x slower)."""
     bits = [(codes & (1 << b)) != 0 for b in range(4)]
+    return _pick(values, bits, 0, 16, 4)
 
-    def pick(lo: int, n: int, b: int):
-        if n == 1:
-            return values[lo]
-        h = n // 2
-        return torch.where(bits[b - 1], pick(lo + h, h, b - 1), pick(lo, h, b - 1))
 
-    return pick(0, 16, 4)
+def _pick(values: tuple[float, ...], bits: list[torch.Tensor], lo: int, n: int, b: int):
+    """values[lo:lo + n] selected by code bits b-1..0 (module level: no closure cycle, see _threshold)."""
+    if n == 1:
+        return values[lo]
+    h = n // 2
+    return torch.where(bits[b - 1], _pick(values, bits, lo + h, h, b - 1), _pick(values, bits, lo, h, b - 1))
 
 
 def dequantize_blocks(codes: torch.Tensor, scales: torch.Tensor, table: torch.Tensor, spec: FormatSpec,
