@@ -344,6 +344,8 @@ def run_cell(cell):
     _use_checkout()
     device = torch.device(cell["device"])
     cuda = device.type == "cuda"
+    if cuda and device.index is None:  # set_per_process_memory_fraction wants an index ("cuda" is not enough)
+        device = torch.device("cuda", torch.cuda.current_device())
     if cuda and cell["cap_bytes"]:
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, cell["cap_bytes"] / total), device)

@@ -134,10 +134,11 @@ class SupportsRmsNormQuant(Protocol):
     """Op ``"rmsnorm_quant"`` (LAAQ fusion into a memory-bound neighbour, forward): RMSNorm that also writes
     the quantized copy of its input, reading x once.
 
-    ``y`` must equal the model's own norm bit for bit to be used, and how torch sums the squares and
-    takes the rsqrt differs between devices: the backend offers numerics *variants* (names of its
-    choosing), and LAAQ keeps the first one whose ``y`` equals the model's norm output on its first call
-    (agoq_core.laaq.fusion), else runs the norm unfused."""
+    How torch sums the squares and takes the rsqrt differs between devices: the backend offers numerics
+    *variants* (names of its choosing, fastest first), and LAAQ keeps the first one whose codes are
+    bit-exact and whose ``y`` equals the model's norm output except in rows where the two inverse RMS are
+    one fp32 ulp apart (agoq_core.laaq.fusion.norm_within_tolerance, checked with ``rinv`` on its first
+    calls), else runs the norm unfused."""
 
     def rmsnorm_quant_unsupported(self, x: torch.Tensor, weight: torch.Tensor, spec: "FormatSpec") -> str | None:
         """Why the fused call cannot run for these arguments (None: it can). Must not launch anything."""
@@ -147,10 +148,10 @@ class SupportsRmsNormQuant(Protocol):
 
     def rmsnorm_quant_into(self, x: torch.Tensor, weight: torch.Tensor, eps: float, spec: "FormatSpec",
                            y: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
-                           variant: str | None = None) -> None:
-        """y = weight * round(x * rsqrt(mean(x**2) + eps)) in x.dtype (HF LlamaRMSNorm's recipe, the sum and
-        rsqrt as ``variant`` computes them), and (codes, scales) = Q_spec(x flattened), bit-exact with
-        quantize_into. x [M, H] contiguous."""
+                           variant: str | None = None, rinv: torch.Tensor | None = None) -> None:
+        """y = weight * round(x * r), r = rsqrt(mean(x**2) + eps) in fp32, in x.dtype (HF LlamaRMSNorm's
+        recipe, the sum and rsqrt as ``variant`` computes them), and (codes, scales) = Q_spec(x flattened),
+        bit-exact with quantize_into. x [M, H] contiguous. ``rinv``: None, or float32 [M] receiving r."""
 
 
 @runtime_checkable
@@ -285,7 +286,7 @@ class BackendBase:
     def rmsnorm_quant_variants(self, device):
         raise self._unclaimed("rmsnorm_quant")
 
-    def rmsnorm_quant_into(self, x, weight, eps, spec, y, codes, scales, variant=None):
+    def rmsnorm_quant_into(self, x, weight, eps, spec, y, codes, scales, variant=None, rinv=None):
         raise self._unclaimed("rmsnorm_quant")
 
     def silu_mul_quant_unsupported(self, gate, up, spec):

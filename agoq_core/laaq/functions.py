@@ -394,8 +394,9 @@ class SwiGLUFunction(torch.autograd.Function):
         ins, td = list(zip(metas[:-1], parts[:-1])), parts[-1]
         masks = []
         h = None
-        if len(ins) == 2 and not any(m.adapters for m, _ in ins) and fusion.silu_mul_fusable(act, act_spec, backend) \
-                and not fusion.fusion_enabled("gemm"):  # with the GEMM group, the FC1 epilogue writes the codes
+        # (with the FC1 GEMM epilogue switched on, that writes the codes instead: silu_mul_fusable says no)
+        if len(ins) == 2 and not any(m.adapters for m, _ in ins) \
+                and fusion.silu_mul_fusable(act, act_spec, backend, x.device):
             # SiLU&Mul with its codec fused in (fusion.silu_mul_and_quantize): gate and up read once
             (_, tg), (_, tu) = ins
             g, u = F.linear(x, tg[0], tg[1]), F.linear(x, tu[0], tu[1])
@@ -520,7 +521,9 @@ class SwiGLUFunction(torch.autograd.Function):
             x2 = storage.load(ctx.x, None, ctx.backend).reshape(-1, hid)
         acc_t = torch.promote_types(grad_out.dtype, torch.float32)
         acc: list = [None] * len(tensors)
-        dx2 = torch.empty(tokens, hid, dtype=ctx.x_dtype, device=grad_out.device) if need[0] else None
+        # one chunk (the usual case): dx is the chunk's own sum, no [tokens, hidden] copy into a buffer
+        dx2 = torch.empty(tokens, hid, dtype=ctx.x_dtype, device=grad_out.device) if need[0] and chunk < tokens \
+            else None
 
         def add(i: int, val: torch.Tensor | None) -> None:
             if val is None:
@@ -572,7 +575,10 @@ class SwiGLUFunction(torch.autograd.Function):
                     if extra is not None:
                         d = d + extra.to(ctx.x_dtype)
             if need[0]:
-                dx2[t0:t1] = d.reshape(t1 - t0, hid)
+                if dx2 is None:
+                    dx2 = d.reshape(t1 - t0, hid)
+                else:
+                    dx2[t0:t1] = d.reshape(t1 - t0, hid)
             del douts, xc, d
         del x2
         out = [(v.to(t.dtype) if v is not None else None) for v, t in zip(acc, tensors)]

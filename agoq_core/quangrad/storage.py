@@ -28,6 +28,8 @@ class GradStorage:
         self.codes = [torch.full((p.code_bytes,), spec.zero_code, dtype=torch.uint8, device=device) for p in self.plans]
         self.scales = [torch.zeros(p.num_blocks, dtype=torch.float32, device=device) for p in self.plans]
         self.views: list[QuantizedTensor] = [self._view(s) for s in layout.slots]
+        self._folded: set[int] = set()          # parameters folded since the buffers were last zeroed
+        self._checked: set[torch.dtype] = set()  # gradient dtypes the backend was asked about
 
     def _view(self, s: ParamSlot) -> QuantizedTensor:
         spec = self.layout.spec
@@ -43,10 +45,32 @@ class GradStorage:
         return sum(c.numel() + 4 * s.numel() for c, s in zip(self.codes, self.scales))
 
     def fold_(self, index: int, g: torch.Tensor) -> None:
-        """Add gradient ``g`` of parameter ``index`` into its 8-bit storage (fp32 add, requantize)."""
-        api.accumulate_(self.views[index], g, backend=self.backend)
+        """Add gradient ``g`` of parameter ``index`` into its 8-bit storage (fp32 add, requantize).
+
+        The first fold after the buffers were zeroed is a plain quantize: Q(D(0) + g) = Q(0 + g) = Q(g)
+        bit for bit (0 + g is g except that -0 becomes +0, which quantize flushes to 0 anyway; NaN/Inf
+        stay NaN/Inf), and it skips decoding the zeros. Called once per parameter per micro-batch from
+        the gradient hook, so the backend's capabilities are checked once per gradient dtype, not per call.
+        """
+        view = self.views[index]
+        if g.dtype not in self._checked:
+            api.check_supported(self.backend, view.spec, view.device, "accumulate", g.dtype)
+            api.check_supported(self.backend, view.spec, view.device, "quantize", g.dtype)
+            self._checked.add(g.dtype)
+        if g.numel() != view.numel or g.device != view.device:
+            raise ValueError(f"GradStorage.fold_: parameter {self.layout.slots[index].name!r} holds {view.numel} "
+                             f"elements on {view.device}, got a gradient of {g.numel()} on {g.device}")
+        if not view.numel:
+            return
+        flat = g.detach().contiguous().reshape(-1)
+        if index in self._folded:
+            self.backend.accumulate_(view.codes, view.scales, view.spec, flat)
+        else:
+            self.backend.quantize_into(flat, view.spec, view.codes, view.scales)
+            self._folded.add(index)
 
     def zero_(self) -> None:
+        self._folded.clear()
         zc = self.layout.spec.zero_code
         for c, s in zip(self.codes, self.scales):
             c.fill_(zc)

@@ -311,6 +311,7 @@ class QuanGradDDP(torch.nn.Module):
         self._ops: list[BucketOp | None] = [None] * nb
         self._next_launch = 0
         self._accumulated = False
+        self._fp32: dict[int, torch.Tensor] = {}  # bucket -> its reduced gradient in fp32, from _global_norm
 
     def _make_hook(self, index: int) -> Callable[[torch.Tensor], None]:
         def hook(p: torch.Tensor) -> None:
@@ -408,8 +409,14 @@ class QuanGradDDP(torch.nn.Module):
                 total += v
         else:
             total = 0.0
+            # Without step_per_bucket the optimizer step holds every bucket's fp32 gradient at once anyway:
+            # keep them for it instead of dequantizing every bucket a second time.
+            keep = not self.config.step_per_bucket
             for bi in range(len(self.layout.buckets)):
-                total += sum_of_squares(self.storage.bucket_fp32(bi))
+                g = self.storage.bucket_fp32(bi)
+                total += sum_of_squares(g)
+                if keep:
+                    self._fp32[bi] = g
         total *= mult * mult
         return math.sqrt(total) if total >= 0 else float("nan")
 
@@ -468,7 +475,8 @@ class QuanGradDDP(torch.nn.Module):
             [[bi] for bi in range(len(self.layout.buckets))]
         for bis in groups:
             for bi in bis:
-                g = self.storage.bucket_fp32(bi).mul_(mult)
+                g = self._fp32.pop(bi, None)
+                g = (self.storage.bucket_fp32(bi) if g is None else g).mul_(mult)
                 for s in self.layout.buckets[bi].slots:
                     m = masters[s.index]
                     m.grad = g[s.offset: s.offset + s.numel].view(s.shape).to(m.dtype)

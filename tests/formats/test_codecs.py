@@ -132,6 +132,9 @@ def test_packing_is_little_endian_bit_stream(bits):
     want = bytes(int(stream[i:i + 8][::-1], 2) for i in range(0, len(stream), 8))
     assert pack_codes(codes, spec).numpy().tobytes() == want
     assert torch.equal(unpack_codes(pack_codes(codes, spec), spec), codes)
+    # narrow codes (4 bits: the word path the cpu backend compiles) and float-valued codes (its encoders)
+    assert torch.equal(unpack_codes(pack_codes(codes, spec), spec, dtype=torch.int32), codes.to(torch.int32))
+    assert pack_codes(codes.float(), spec).numpy().tobytes() == want
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -113,3 +113,29 @@ def test_fusion_is_opt_in(monkeypatch):
     assert fusion.fusion_enabled() is False
     monkeypatch.setenv("AGOQ_FUSION", "1")
     assert fusion.fusion_enabled() is True
+
+
+def test_weight_gradients_are_contiguous_like_plain_linear():
+    """The unfused weight-gradient seam runs PyTorch's own Linear-backward GEMM (dYᵀ·X): every LAAQ weight
+    gradient has its parameter's layout, so AccumulateGrad keeps it without a weight-sized copy (a transposed
+    (Xᵀ·dY)ᵀ was copied, or added with strided reads, on every step), and the bits equal plain PyTorch's."""
+    model = tiny_model("llama", dtype=torch.bfloat16, layers=1, hidden=64, intermediate=176)
+    ids = batch(b=1, s=32)
+    model.zero_grad(set_to_none=True)
+    model(input_ids=ids, labels=ids).loss.backward()
+    plain = {n: p.grad.clone() for n, p in model.named_parameters()}
+    rep = apply(model, LAAQConfig(norm_input="native", mlp_act_input="native", attn_out_input="native"))
+    model.zero_grad(set_to_none=True)
+    with torch.profiler.profile(record_shapes=True) as prof:
+        model(input_ids=ids, labels=ids).loss.backward()
+    for n, p in model.named_parameters():
+        assert p.grad.stride() == p.stride(), (n, p.grad.stride(), p.stride())
+        assert torch.equal(p.grad, plain[n]), n
+    weight_shapes = {str([list(p.shape), list(p.shape)]) for n, p in model.named_parameters() if p.dim() == 2}
+    copies = [e for e in prof.key_averages(group_by_input_shape=True)
+              if e.key == "aten::copy_" and str(e.input_shapes[:2]) in weight_shapes]
+    assert not copies, [(e.key, e.input_shapes, e.count) for e in copies]
+    rep.undo()
+    # teeth: the transposed product is a non-contiguous gradient, which AccumulateGrad copies
+    x, g = torch.randn(32, 64).to(torch.bfloat16), torch.randn(32, 176).to(torch.bfloat16)
+    assert not x.t().mm(g).t().is_contiguous() and fusion.weight_grad(g, x).is_contiguous()

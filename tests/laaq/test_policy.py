@@ -94,26 +94,32 @@ def test_plan_object_applies_and_wrong_length_is_refused():
     rep.undo()
 
 
+def _live_activation_bytes(choices, ids) -> int:
+    """Activation bytes alive after forward of a 2-layer bf16 tiny Llama with ``choices`` applied (torch's
+    MemTracker, CPU)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    m = tiny_model("llama", layers=2, hidden=128, intermediate=344, dtype=torch.bfloat16)
+    if choices:
+        apply_policy(m, choices, convert_final_norm=False)
+    mt = MemTracker()
+    mt.track_external(m)
+    with mt:
+        out = m(input_ids=ids, labels=ids)
+        snap = mt.get_tracker_snapshot()[torch.device("cpu")]
+        del out
+    return next(v for k, v in snap.items() if "ACT" in str(k))
+
+
 def test_saved_bytes_measured_vs_predicted():
     """Live activation bytes after forward (torch's MemTracker, CPU, bf16): the difference each option makes
     against plain layers equals the planner's per-layer bytes (LAAQ exactly; checkpointing keeps the int64
     position ids once more, 8 B x sequence)."""
-    from torch.distributed._tools.mem_tracker import MemTracker
-
     b, s = 2, 256
     ids = batch(b=b, s=s)
 
     def live(choices):
-        m = tiny_model("llama", layers=2, hidden=128, intermediate=344, dtype=torch.bfloat16)
-        if choices:
-            apply_policy(m, choices, convert_final_norm=False)
-        mt = MemTracker()
-        mt.track_external(m)
-        with mt:
-            out = m(input_ids=ids, labels=ids)
-            snap = mt.get_tracker_snapshot()[torch.device("cpu")]
-            del out
-        return next(v for k, v in snap.items() if "ACT" in str(k))
+        return _live_activation_bytes(choices, ids)
 
     cfg = tiny_model("llama", layers=2, hidden=128, intermediate=344).config
     names = ["ckpt", "qckpt:nf4", "qckpt:int8", "laaq:nf4", "laaq:int6", "laaq-mlp:nf4"]
@@ -158,22 +164,11 @@ def test_sac_and_compiled_options_match_plain_gradients():
 def test_sac_saved_bytes_measured_vs_predicted():
     """The planner's bytes for ``sac`` (layer input + q, v, gate, down GEMM outputs + attention output and
     its fp32 logsumexp) against torch's MemTracker on CPU, as for the other options above."""
-    from torch.distributed._tools.mem_tracker import MemTracker
-
     b, s = 2, 256
     ids = batch(b=b, s=s)
 
     def live(choices):
-        m = tiny_model("llama", layers=2, hidden=128, intermediate=344, dtype=torch.bfloat16)
-        if choices:
-            apply_policy(m, choices, convert_final_norm=False)
-        mt = MemTracker()
-        mt.track_external(m)
-        with mt:
-            out = m(input_ids=ids, labels=ids)
-            snap = mt.get_tracker_snapshot()[torch.device("cpu")]
-            del out
-        return next(v for k, v in snap.items() if "ACT" in str(k))
+        return _live_activation_bytes(choices, ids)
 
     cfg = tiny_model("llama", layers=2, hidden=128, intermediate=344).config
     opts = {o.name: o for o in layer_options(model_shape(cfg), seq_len=s, batch=b, options=["bf16", "sac"])}

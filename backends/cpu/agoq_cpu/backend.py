@@ -21,14 +21,9 @@ __all__ = ["CpuBackend"]
 _MIN_BLOCKS = 2
 
 
-def _compiled_path(spec, nf: int, op: str = "") -> bool:
-    """Whole blocks go through a compiled graph, except for tensors of fewer than 2 blocks, for the
-    OCP MX / NVFP4 formats (power-of-two and per-tensor scales: docs/formats.md §9), and for unpacking
-    5- and 6-bit codes, which this backend runs with the reference codecs for now: Inductor leaves their
-    byte addressing (x // 8 * 5, x // 4 * 3) as a scalar loop, measured 0.7x the reference's speed
-    (int5 dequantize, 64 MiB, 2026-12-01)."""
-    if op == "unpack" and spec.bits in (5, 6):
-        return False
+def _compiled_path(spec, nf: int) -> bool:
+    """Whole blocks go through a compiled graph, except for tensors of fewer than 2 blocks and for the
+    OCP MX / NVFP4 formats (power-of-two and per-tensor scales: docs/formats.md §9)."""
     return nf >= _MIN_BLOCKS and spec.scale_kind == "absmax"
 _COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # others (float64) are rounded to fp32 first
 
@@ -111,7 +106,7 @@ class CpuBackend(BackendBase):
     def dequantize_into(self, codes, scales, spec, out):
         n, b = out.numel(), spec.block
         nf = n // b
-        if not _compiled_path(spec, nf, "unpack"):
+        if not _compiled_path(spec, nf):
             out.copy_(ref.dequantize_blocks(codes, scales, spec, n, out.dtype))
             return
         cbf = spec.code_bytes(nf * b)

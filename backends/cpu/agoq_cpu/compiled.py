@@ -168,6 +168,7 @@ class Compiler:
         key = (op, codecs.spec_key(spec), dtype)  # the block size is a dynamic dimension
         v = self._variants.get(key)
         if v is None:
+            codecs.prepare(spec)
             build, dims = _OPS[op]
             fn = eager = build(spec, dtype) if op == "dequantize" else build(spec)
             dt = str(dtype).removeprefix("torch.")

@@ -102,6 +102,59 @@ def test_compiled_codecs_match_reference(compiled):
     _check_accumulate(compiled, get_format("fp8_e4m3"), _special(256, 12, seed=6), seed=7)
 
 
+@pytest.mark.parametrize("fmt", ["nf4", "fp4_e2m1", "int5", "int6", "int8"])
+def test_compiled_4_to_8_bit_codes(compiled, fmt):
+    """NF4 (binary-search encode, select-tree decode), FP4 (select-tree decode, -0 entry) and int8 (float
+    codes), int5/int6 (group-word packing) through the compiled graphs."""
+    spec = get_format(fmt)
+    x = _special(spec.block, 16, seed=9)
+    _check_codec(compiled, spec, x)
+    if spec.bits in (4, 8):  # the LAAQ / QuanGrad formats also see bf16 inputs (compile time: not all)
+        _check_codec(compiled, spec, x.to(torch.bfloat16))
+
+
+def _fp8_edges(spec) -> torch.Tensor:
+    """Every FP8 value of ``spec``, every midpoint between neighbours, and 1-2 fp32 ulps either side of
+    both, both signs, plus values beyond qmax and far below the smallest subnormal."""
+    dt = torch.float8_e4m3fn if spec.kind == "fp8_e4m3" else torch.float8_e5m2
+    vals = torch.arange(256, dtype=torch.uint8).view(dt).float()
+    vals = vals[torch.isfinite(vals) & (vals >= 0) & (vals <= spec.qmax)].unique()
+    mids = (vals[:-1] + vals[1:]) / 2  # exact in fp32
+    pts = torch.cat([vals, mids, torch.tensor([spec.qmax * 1.01, spec.qmax * 4, 1e30, 1e-30, 2.0 ** -30])])
+    out = [pts]
+    up, down = pts, pts
+    for _ in range(2):
+        up = torch.nextafter(up, torch.tensor(float("inf")))
+        down = torch.nextafter(down, torch.tensor(0.0))
+        out += [up, down]
+    pos = torch.cat(out)
+    return torch.cat([pos, -pos])
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e5m2"])
+def test_compiled_fp8_cast_encodes_like_the_spec_integer_recipe(compiled, fmt):
+    """The cpu backend encodes FP8 with torch's float8 conversion (compiled, vectorised): on every FP8
+    value, midpoint and their neighbours it agrees with the oracle and with docs/formats.md §4.2's
+    integer recipe, which is written out here independently."""
+    import agoq_cpu.codecs as C
+
+    spec = get_format(fmt)
+    C.prepare(spec)
+    v = _fp8_edges(spec)
+    v = torch.cat([v, torch.zeros(-v.numel() % 256)])
+    got = torch.compile(lambda t: C._encode(t, spec), fullgraph=True)(v).to(torch.int64)
+    assert torch.equal(got, ref.encode(v, spec))
+    shift, bias, magic, magic_exp = {"fp8_e4m3": (20, 120, 16384.0, 141), "fp8_e5m2": (21, 112, 128.0, 134)}[fmt]
+    c = v.clamp(-spec.qmax, spec.qmax)
+    bits = c.view(torch.int32).to(torch.int64)
+    a = bits & 0x7FFFFFFF
+    normal = (a - (bias << 23) + ((1 << (shift - 1)) - 1) + ((a >> shift) & 1)) >> shift
+    sub = (c.abs() + magic).view(torch.int32).to(torch.int64) - (magic_exp << 23)
+    mag = torch.where(a >= ((bias + 1) << 23), normal, sub)
+    want = torch.where(mag == 0, 0, mag | ((bits >> 24) & 0x80))
+    assert torch.equal(got, want)
+
+
 def test_compiled_writes_into_byte_payload_views(compiled):
     """QuanGrad's protocol keeps codes and fp32 scales in one byte payload: outputs that are views of a
     differently typed tensor must still be written (aot_autograd cannot mutate those in place)."""

@@ -106,10 +106,10 @@ class CudaBackend(BackendBase):
 
         return fused_norm.rmsnorm_quant_variants(torch.device(device))
 
-    def rmsnorm_quant_into(self, x, weight, eps, spec, y, codes, scales, variant=None):
+    def rmsnorm_quant_into(self, x, weight, eps, spec, y, codes, scales, variant=None, rinv=None):
         from agoq_cuda import fused_norm
 
-        fused_norm.rmsnorm_quant_into(x, weight, eps, spec, y, codes, scales, variant=variant)
+        fused_norm.rmsnorm_quant_into(x, weight, eps, spec, y, codes, scales, variant=variant, rinv=rinv)
 
     # ---- SiLU&Mul with its codec inside, forward and backward (agoq_cuda.fused_swiglu) --------------------
     def silu_mul_quant_unsupported(self, gate, up, spec):

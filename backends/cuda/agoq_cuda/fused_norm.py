@@ -8,10 +8,11 @@ reference), and normalises it:
 
     y = round_dtype(weight * round_dtype(x * 1/sqrt(sum(x*x) / H + eps)))      (HF LlamaRMSNorm's recipe)
 
-The codes are bit-exact (conformance: optional capability ``rmsnorm_quant``). ``y`` must equal the model's
-own norm bit for bit to be used by LAAQ, so its sum of squares and rsqrt come in variants (VARIANTS):
-torch's CUDA reduction order with rsqrt.approx (HF's norm on a GPU), the same order with a correctly
-rounded 1/sqrt, or Triton's tree; LAAQ keeps the first that matches (agoq_core.laaq.fusion). Rows: x [M, H]
+The codes are bit-exact (conformance: optional capability ``rmsnorm_quant``). ``y``'s sum of squares and
+rsqrt come in variants (VARIANTS): Triton's tree, torch's CUDA reduction order with a correctly rounded
+1/sqrt, or that order with rsqrt.approx (HF's norm on a GPU). LAAQ keeps the fastest whose ``y`` equals the
+model's own norm except in rows whose fp32 inverse RMS is one ulp apart (<= 2 steps of the output dtype
+there; agoq_core.laaq.fusion, docs/fusion.md), checked on its first calls with the ``rinv`` output. Rows: x [M, H]
 contiguous, H a power-of-two multiple of a power-of-two block, 256 <= H <= 16384 (every LLaMA size).
 """
 from __future__ import annotations
@@ -70,11 +71,12 @@ def _row_sum_squares(x_ptr, x, base, H: tl.constexpr, FLOAT: tl.constexpr, ORDER
 
 
 @triton.jit(do_not_specialize=["M"])
-def _rmsnorm_quant_kernel(x_ptr, w_ptr, y_ptr, codes_ptr, scales_ptr, M, eps, ts_ptr,
+def _rmsnorm_quant_kernel(x_ptr, w_ptr, y_ptr, codes_ptr, scales_ptr, M, eps, ts_ptr, r_ptr,
                           H: tl.constexpr, NBR: tl.constexpr, KIND: tl.constexpr, BITS: tl.constexpr,
                           BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, QMAX: tl.constexpr, HW: tl.constexpr,
                           FLOAT: tl.constexpr, SCALE: tl.constexpr = 0, ORDER: tl.constexpr = 0,
-                          RSQRT: tl.constexpr = 0, LANES: tl.constexpr = 32, LOG_LANES: tl.constexpr = 5):
+                          RSQRT: tl.constexpr = 0, LANES: tl.constexpr = 32, LOG_LANES: tl.constexpr = 5,
+                          WRITE_R: tl.constexpr = 0):
     j = tl.arange(0, NBR)
     lanes = tl.arange(0, BLOCK_P)
     col = j[:, None] * BLOCK + lanes[None, :]
@@ -91,6 +93,8 @@ def _rmsnorm_quant_kernel(x_ptr, w_ptr, y_ptr, codes_ptr, scales_ptr, M, eps, ts
         ss = _row_sum_squares(x_ptr, x, t * H, H, FLOAT, ORDER, LANES, LOG_LANES)
         # mean = ss / H (H a power of two: exact, = torch's ss * (1/H)); + eps in fp32; then the rsqrt
         r = _rsqrt(tl.math.div_rn(ss, H * 1.0) + eps, RSQRT)
+        if WRITE_R == 1:  # the per-row inverse RMS, for LAAQ's run-time check (agoq_core.laaq.fusion)
+            tl.store(r_ptr + t, r)
         h = x * r
         if FLOAT == 1:  # round to bf16 like h.to(input_dtype), then the bf16 x bf16 product
             h = bf16_bits_to_f32(f32_to_bf16_bits(h))
@@ -119,28 +123,31 @@ def rmsnorm_quant_unsupported(x: torch.Tensor, weight: torch.Tensor, spec) -> st
     return None
 
 
-#: Numerics variants of ``y`` (the codes never vary), name -> (ORDER, RSQRT). LAAQ tries them in the order
-#: of :func:`rmsnorm_quant_variants` on its first call and keeps the first whose ``y`` equals the model's
-#: own norm bit for bit (agoq_core.laaq.fusion); otherwise the norm runs unfused.
-#:   torch_cuda     torch's CUDA reduction order and rsqrt.approx.f32 (HF LlamaRMSNorm on a GPU)
-#:   torch_cuda_rn  the same order with a correctly rounded 1/sqrt
-#:   tree           Triton's tree reduction, correctly rounded 1/sqrt (the fastest to compile)
-VARIANTS = {"torch_cuda": (1, 1), "torch_cuda_rn": (1, 0), "tree": (0, 0)}
+#: Numerics variants of ``y`` (the codes never vary), name -> (ORDER, RSQRT).
+#:   tree           Triton's tree reduction, correctly rounded 1/sqrt (the fastest: 2.22x the eager pair on
+#:                  the H200, docs/fusion.md)
+#:   torch_cuda_rn  torch's CUDA reduction order with a correctly rounded 1/sqrt
+#:   torch_cuda     torch's CUDA reduction order and rsqrt.approx.f32 (CUDA's rsqrtf)
+#: LAAQ tries them in the order of :func:`rmsnorm_quant_variants` (fastest first) and keeps the first whose
+#: codes are bit-exact and whose ``y`` equals the model's own norm except in rows where the inverse RMS is
+#: one fp32 ulp apart (agoq_core.laaq.fusion.norm_within_tolerance); otherwise the norm runs unfused.
+VARIANTS = {"tree": (0, 0), "torch_cuda_rn": (1, 0), "torch_cuda": (1, 1)}
 
 
 def rmsnorm_quant_variants(device: torch.device) -> tuple[str, ...]:
-    """The variants that can run on ``device``, most likely match first (rsqrt.approx needs a GPU)."""
+    """The variants that can run on ``device``, fastest first (rsqrt.approx needs a GPU)."""
     if device.type == "cpu":  # the interpreter: no inline PTX
-        return ("torch_cuda_rn", "tree")
-    return ("torch_cuda", "torch_cuda_rn", "tree")
+        return ("tree", "torch_cuda_rn")
+    return ("tree", "torch_cuda_rn", "torch_cuda")
 
 
 def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, y: torch.Tensor,
                        codes: torch.Tensor, scales: torch.Tensor, *, variant: str | None = None,
-                       hw: bool | None = None, programs: int | None = None) -> None:
+                       rinv: torch.Tensor | None = None, hw: bool | None = None, programs: int | None = None) -> None:
     """y = RMSNorm(x) * weight (x.dtype), (codes, scales) = Q_spec(x flattened), in one pass over x.
     ``variant``: how y's sum of squares and rsqrt are computed (VARIANTS; default: the first of
-    rmsnorm_quant_variants)."""
+    rmsnorm_quant_variants). ``rinv``: if given, a float32 [rows] tensor that receives each row's inverse
+    RMS ``r`` (y = round(w * round(x * r))): what LAAQ's run-time check explains a differing row with."""
     why = rmsnorm_quant_unsupported(x, weight, spec)
     if why:
         raise ValueError(f"rmsnorm_quant: {why}")
@@ -158,6 +165,11 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
     if y.shape != x.shape or y.dtype != x.dtype or not y.is_contiguous():
         raise ValueError(f"rmsnorm_quant: y must be contiguous {tuple(x.shape)} {x.dtype}, got "
                          f"{tuple(y.shape)} {y.dtype}")
+    m = n // h if h else 0
+    if rinv is not None and (rinv.shape != (m,) or rinv.dtype != torch.float32 or not rinv.is_contiguous()
+                             or rinv.device != x.device):
+        raise ValueError(f"rmsnorm_quant: rinv must be a contiguous float32 [{m}] tensor on {x.device}, got "
+                         f"{tuple(rinv.shape)} {rinv.dtype} on {rinv.device}")
     if n == 0:
         return
     xv, fk = float_view(x.reshape(-1), "rmsnorm_quant")
@@ -165,7 +177,6 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
     wv, _ = float_view(weight, "rmsnorm_quant")
     c = format_constexprs(kind=spec.kind, bits=spec.bits, block=spec.block, qmax=spec.qmax,
                           scale_kind=spec.scale_kind)
-    m = n // h
     lanes = min(h // 4, 32)
     hw_ = LAUNCHER.geometry.hw(x.device, hw)
     nprog = programs or (2 if x.device.type == "cpu" else min(m, 132 * 8))
@@ -173,6 +184,7 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
     extra = {"num_warps": warps} if x.device.type != "cpu" else {}
     _rmsnorm_quant_kernel[(max(1, nprog),)](
         xv, wv, yv, codes.view(torch.int8), scales, m, float(eps), _tensor_scale(spec, x) if spec.tensor_scaled
-        else None, H=h, NBR=h // spec.block, KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"],
+        else None, rinv, H=h, NBR=h // spec.block, KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"],
         BLOCK_P=c["BLOCK_P"], QMAX=c["QMAX"], HW=hw_, FLOAT=fk, SCALE=c.get("SCALE", 0), ORDER=order,
-        RSQRT=rsq, LANES=lanes, LOG_LANES=lanes.bit_length() - 1, enable_fp_fusion=False, **extra)
+        RSQRT=rsq, LANES=lanes, LOG_LANES=lanes.bit_length() - 1, WRITE_R=int(rinv is not None),
+        enable_fp_fusion=False, **extra)
