@@ -2,7 +2,7 @@
 # One device call, several benchmarks: each stage gets its own time limit and writes into $OUT.
 #   bash benchmarks/gpu_session.sh STAGE[:SECONDS] ...
 # Stages: conformance, laaq, quangrad, laaq-fusion, fusion, codecs, torchtitan, equal-memory, integrations,
-# grad-error, mx-probe, fusion-elementwise, train-split. Runs the repo in place via PYTHONPATH (the GPU
+# grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests. Runs the repo in place via PYTHONPATH (the GPU
 # machine has torch + triton preinstalled and no network).
 set -u
 source "$(dirname "$0")/gpu_env.sh"
@@ -31,6 +31,8 @@ for spec in "$@"; do
     integrations) cmd=(python3 benchmarks/bench_integrations.py) ;;   # CUDA autocast, eager vs compiled LAAQ
     grad-error)  cmd=(python3 benchmarks/bench_grad_error.py --budget-s $((secs - 40))) ;;  # LAAQ gradient error, 7B shapes
     mx-probe)    cmd=(python3 benchmarks/gpu_mx_reduce_probe.py) ;;
+    # the GPU-only arithmetic (hardware fp8, flush-to-zero ops, the FMA quotient) checked bit for bit on the device
+    kernel-tests) cmd=(python3 -m pytest -q -n 16 -p no:cacheprovider backends/cuda/tests/test_kernels_bitexact.py backends/cuda/tests/test_vec16.py backends/cuda/tests/test_mx_kernels.py) ;;
     fusion-elementwise) cmd=(bash -c 'python3 benchmarks/bench_fusion_elementwise.py && python3 -m pytest -q -p no:cacheprovider conformance_tests -k fused_elementwise --agoq-backend cuda | tail -3') ;;
     # agoq train on llama-1b, 2K x 4, 40 steps: baseline vs agoq vs each half (docs/benchmarks.md §9); AGOQ_FUSION from the caller
     train-split) cmd=(python3 -m agoq_core.cli.main train --device cuda --model llama-1b --seq-len 2048 --micro-batch 4 --steps 40 --eval-every 0 --eval-tokens 16384 --ablation laaq-only,quangrad-only --out-dir "$OUT/runs") ;;
