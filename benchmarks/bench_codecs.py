@@ -356,7 +356,12 @@ def main(argv=None) -> dict:
                     exact = same(codes, rc) and same(scales, rs)
                     yw = norm(xn)
                     y_ulp_frac = float((y != yw).float().mean())
-                    y_close = bool(torch.allclose(y.float(), yw.float(), rtol=2.0 ** -7, atol=0))
+                    # LAAQ's rule for the fused norm (docs/fusion.md): codes exact; y within NORM_MAX_STEPS
+                    # steps of the dtype of the model's norm (rows whose sum of squares rounds differently)
+                    from agoq_core.laaq.fusion import NORM_MAX_STEPS, _ordered
+
+                    y_steps = int((_ordered(y) - _ordered(yw)).abs().max())
+                    y_close = y_steps <= NORM_MAX_STEPS
                     c2 = torch.empty_like(codes)
                     s2 = torch.empty_like(scales)
                     tu = bench(lambda: (norm(xn), launch.quantize(xn, spec, c2, s2)))
@@ -367,9 +372,10 @@ def main(argv=None) -> dict:
                               "unfused_eager_us": tu * 1e3, "unfused_compiled_norm_us": tc * 1e3,
                               "speedup_vs_eager_pair": tu / tf, "speedup_vs_compiled_pair": tc / tf,
                               "pct_copy": 100 * nbytes / (tf * 1e-3) / 1e9 / copy_gbs, "codes_exact": exact,
-                              "y_within_one_bf16_rounding": y_close, "y_fraction_differing": y_ulp_frac})
+                              "y_within_tolerance": y_close, "y_max_steps": y_steps, "y_fraction_differing": y_ulp_frac})
                 if not exact or not y_close:
-                    errors.append(f"fused rmsnorm {fmt}: codes exact {exact}, y close {y_close}")
+                    errors.append(f"fused rmsnorm {fmt}: codes exact {exact}, y {y_steps} steps from the model's norm "
+                                  f"(tolerance {NORM_MAX_STEPS})")
 
             guarded(f"fused rmsnorm {fmt}", fz)
         del xn
@@ -435,7 +441,7 @@ def main(argv=None) -> dict:
         print(f"fused rmsnorm+quantize {fz['fmt']:<9} {fz['tokens']}x{fz['hidden']}: {fz['fused_us']:.1f} us "
               f"({fz['pct_copy']:.0f}% copy), x{fz['speedup_vs_eager_pair']:.2f} vs eager norm + codec, "
               f"x{fz['speedup_vs_compiled_pair']:.2f} vs compiled norm + codec, codes exact {fz['codes_exact']}, "
-              f"y within one bf16 rounding {fz['y_within_one_bf16_rounding']} "
+              f"y within tolerance {fz['y_within_tolerance']} (max {fz['y_max_steps']} steps) "
               f"({100 * fz['y_fraction_differing']:.2f}% of y differ)")
     for s in skipped:
         print(f"not run (deadline {args.deadline_s:.0f} s): {s}")
