@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import types
 
 import pytest
 import torch
@@ -173,16 +174,17 @@ _ALLOWED_TL = {
     "split", "join", "reshape", "minimum", "maximum", "abs", "math", "div_rn", "cast", "zeros_like",
     "int8", "int16", "int32", "float16", "float32", "bfloat16",
     "int64",  # scalar rank offsets only (r * codes_stride passes 2**31); the table lacks int64 `where` only
+    "zeros",  # an fp32 accumulator; triton-ascend 3.2.0 ships tl.zeros (language/standard.py, a tl.full)
 }
 
 
 # constexpr switches whose True branch is CUDA-only; agoq-ascend always launches them False, so Triton
 # prunes those branches before Triton-Ascend ever sees them.
-_CUDA_ONLY_SWITCHES = {"HW", "FAST_DIV"}
+_CUDA_ONLY_SWITCHES = {"HW", "FAST_DIV", "VEC16"}
 
 
 def _walk_ascend_reachable(node):
-    """ast.walk, except the True branch of ``if HW:`` / ``if FAST_DIV:``."""
+    """ast.walk, except the True branch of ``if HW:`` / ``if FAST_DIV:`` / ``if VEC16:``."""
     stack = [node]
     while stack:
         n = stack.pop()
@@ -193,28 +195,70 @@ def _walk_ascend_reachable(node):
         stack.extend(ast.iter_child_nodes(n))
 
 
-def _tl_attrs(module) -> set[str]:
-    tree = ast.parse(inspect.getsource(module))
+def _ascend_reachable_defs(*modules) -> list[ast.FunctionDef]:
+    """The function bodies Triton-Ascend compiles: every ``*_kernel`` of the modules and, transitively, the
+    module-level functions they call outside CUDA-only branches (a helper called only under ``if VEC16:``
+    is pruned with its branch and never reaches Triton-Ascend)."""
+    defs = {}
+    for m in modules:
+        for node in ast.parse(inspect.getsource(m)).body:
+            if isinstance(node, ast.FunctionDef):
+                defs[node.name] = node
+    todo = [name for name in defs if name.endswith("_kernel")]
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for n in _walk_ascend_reachable(defs[name]):
+            if isinstance(n, ast.Name) and n.id in defs and n.id not in seen:
+                todo.append(n.id)
+    return [defs[k] for k in sorted(seen)]
+
+
+def _tl_attrs(defs) -> set[str]:
     found = set()
-    for node in _walk_ascend_reachable(tree):
-        if isinstance(node, ast.Attribute):
-            base = node.value
-            if isinstance(base, ast.Name) and base.id == "tl":
-                found.add(node.attr)
-            elif isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name) and base.value.id == "tl":
-                found.add(node.attr)  # tl.math.<fn>
+    for d in defs:
+        for node in _walk_ascend_reachable(d):
+            if isinstance(node, ast.Attribute):
+                base = node.value
+                if isinstance(base, ast.Name) and base.id == "tl":
+                    found.add(node.attr)
+                elif isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name) and base.value.id == "tl":
+                    found.add(node.attr)  # tl.math.<fn>
     return found
 
 
 def test_shared_bodies_use_only_ops_and_dtypes_triton_ascend_supports():
     from agoq_triton_kernels import codes, kernels
 
-    used = _tl_attrs(codes) | _tl_attrs(kernels)
+    defs = _ascend_reachable_defs(codes, kernels)
+    assert {"quantize_kernel", "dequantize_kernel", "quantize_tile", "store_codes"} <= {d.name for d in defs}
+    used = _tl_attrs(defs)
     unsupported = used - _ALLOWED_TL
     assert not unsupported, (f"the shared kernel bodies use {sorted(unsupported)}, outside the Triton-Ascend subset; "
                              "give agoq-ascend an Ascend variant or keep the bodies portable")
+    # libdevice (CUDA's; Triton-Ascend has its own module) and inline asm only in CUDA-only branches
+    names = {n.id for d in defs for n in _walk_ascend_reachable(d) if isinstance(n, ast.Name)}
+    assert "libdevice" not in names
     src = inspect.getsource(codes) + inspect.getsource(kernels)
-    assert "libdevice" not in src.replace("no libdevice", "") and "inline_asm" not in src
+    assert "inline_asm" not in src
+
+
+def test_the_lint_prunes_helpers_called_only_under_cuda_switches():
+    src = ("def a_kernel(x, VEC16):\n    if VEC16:\n        return wide(x)\n    return narrow(x)\n"
+           "def wide(x):\n    return tl.permute(x, (1, 0))\n"
+           "def narrow(x):\n    return tl.where(x, x, x)\n")
+    mod = types.ModuleType("lint_probe")
+    mod.__file__ = "<lint_probe>"
+    import linecache
+
+    linecache.cache["<lint_probe>"] = (len(src), None, src.splitlines(True), "<lint_probe>")
+    exec(compile(src, "<lint_probe>", "exec"), mod.__dict__)
+    defs = _ascend_reachable_defs(mod)
+    assert [d.name for d in defs] == ["a_kernel", "narrow"]
+    assert _tl_attrs(defs) == {"where"}
 
 
 def test_the_lint_sees_cuda_only_constructs_when_they_are_reachable():
