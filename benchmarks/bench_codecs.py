@@ -226,18 +226,7 @@ def main(argv=None) -> dict:
         def call_time(fn, reps=30) -> float:
             if args.tiny:
                 return bench(fn)
-            for _ in range(3):
-                fn()
-            torch.cuda.synchronize()
-            ts = []
-            for _ in range(reps):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fn()
-                b.record()
-                b.synchronize()
-                ts.append(a.elapsed_time(b))
-            return sorted(ts)[len(ts) // 2]
+            return harness.cuda_median_ms(fn, reps)
 
         for fmt in [f for f in GRAD_FORMATS if f in fmts]:
             if over_deadline():

@@ -206,19 +206,7 @@ def _timer(device):
 
     if device.type == "cuda":
         def run(fn, reps=20):
-            for _ in range(3):
-                fn()
-            torch.cuda.synchronize(device)
-            ts = []
-            for _ in range(reps):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fn()
-                b.record()
-                b.synchronize()
-                ts.append(a.elapsed_time(b))
-            ts.sort()
-            return ts[len(ts) // 2]
+            return harness.cuda_median_ms(fn, reps)
     else:
         def run(fn, reps=3):
             fn()

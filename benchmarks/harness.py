@@ -74,3 +74,22 @@ def environment(device: Any = None, **extra: Any) -> dict[str, Any]:
 def hf_config(name: str, **overrides: Any) -> Any:
     """The transformers config of registry shape ``name`` (agoq_core.models) with ``overrides``."""
     return get_model_shape(name).to_hf_config(**overrides)
+
+
+def cuda_median_ms(fn: Any, reps: int = 20, warmup: int = 3) -> float:
+    """Median wall time of ``fn()`` in ms, one CUDA-event pair per call (host launch cost included), after
+    ``warmup`` calls."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return sorted(ts)[len(ts) // 2]
