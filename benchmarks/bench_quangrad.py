@@ -210,6 +210,7 @@ def _entry(rank, world, port, outdir, args):
                 json.dump(res, f)
     finally:
         dist.destroy_process_group()
+    harness.exit_spawned_rank()
 
 
 def main(argv=None) -> dict:

@@ -215,6 +215,7 @@ def _spawned(local_rank: int, args, port: int, backend: str) -> None:
         _worker(args)
     finally:
         dist.destroy_process_group()
+    harness.exit_spawned_rank()
 
 
 def _auto_backend() -> str:

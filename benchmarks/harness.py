@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from agoq_core.models import get_model_shape
-from agoq_core.testing.dist import free_port
+from agoq_core.testing.dist import exit_spawned_rank, free_port
 
-__all__ = ["add_json_arg", "json_path", "write_json", "environment", "hf_config", "free_port"]
+__all__ = ["add_json_arg", "json_path", "write_json", "environment", "hf_config", "free_port", "exit_spawned_rank"]
 
 
 def add_json_arg(ap: argparse.ArgumentParser, name: str) -> None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agoq_core.planner.errors import PlannerError
-from agoq_core.testing.dist import free_port
+from agoq_core.testing.dist import exit_spawned_rank, free_port
 
 __all__ = ["run_planned_pipeline", "PipelineRunReport", "RankRun"]
 
@@ -188,6 +188,7 @@ def _worker(rank: int, job: dict, out_dir: str) -> None:
         with open(os.path.join(out_dir, f"error-{rank}.txt"), "w") as fh:
             fh.write(traceback.format_exc())
         raise
+    exit_spawned_rank()  # results written, group destroyed: skip torch's racy teardown
 
 
 def _worker_body(rank: int, job: dict, out_dir: str) -> None:

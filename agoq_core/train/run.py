@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from agoq_core.errors import AgoqError
-from agoq_core.testing.dist import free_port
+from agoq_core.testing.dist import exit_spawned_rank, free_port
 from agoq_core.train.config import TrainConfig
 from agoq_core.train.data import load_corpus
 from agoq_core.train.extras import check_extras
@@ -92,7 +92,8 @@ def _spawn(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
 
 
 def _spawned_worker(rank: int, world: int, cfg: TrainConfig, run_dir: str) -> None:
-    _worker(rank, world, cfg, run_dir)
+    _worker(rank, world, cfg, run_dir)  # an error propagates: torch.multiprocessing reports it to the parent
+    exit_spawned_rank()  # done and written, group destroyed: skip torch's racy teardown
 
 
 def _agree_run_dir(rt: Runtime, cfg: TrainConfig, run_dir: str | None) -> Path:

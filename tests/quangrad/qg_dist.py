@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch.multiprocessing as mp
 
-from agoq_core.testing.dist import free_port
+from agoq_core.testing.dist import exit_spawned_rank, free_port
 
 
 def _entry(rank: int, fn: Callable, world: int, port: int, outdir: str, args: tuple, threads: int,
@@ -36,6 +36,7 @@ def _entry(rank: int, fn: Callable, world: int, port: int, outdir: str, args: tu
     finally:
         if dist.is_initialized():  # fn may have taken the group down itself (e.g. agoq train's runtime on error)
             dist.destroy_process_group()
+    exit_spawned_rank()  # the result file is closed: skip torch's racy teardown
 
 
 def run_ranks(fn: Callable, world: int, *args: Any, threads: int = 1, timeout_s: float = 120.0) -> list[Any]:
