@@ -82,8 +82,27 @@ def _real_worker(rank: int, world: int, collectives: tuple[str, ...]) -> dict:
     return {c: _real_one(rank, c) for c in collectives}
 
 
+@contextlib.contextmanager
+def _threads(n: int):
+    """torch's intra-op thread count for a block. GEMM results on CPU may depend on it (MKL on AMD EPYC
+    splits the sums differently on 1 and 2 threads), so the one-process run must use the real ranks'
+    count (run_ranks: 1) for the bytes to match."""
+    prev = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(prev)
+
+
 def _virtual(world: int, collective: str, track_errors: bool = False, batches_of: int = 0) -> dict:
-    """W virtual ranks; ``batches_of=N`` (W = 1): the one rank runs the micro-batches of N ranks."""
+    """W virtual ranks; ``batches_of=N`` (W = 1): the one rank runs the micro-batches of N ranks.
+    One torch thread, as each real rank has."""
+    with _threads(1):
+        return _virtual_run(world, collective, track_errors, batches_of)
+
+
+def _virtual_run(world: int, collective: str, track_errors: bool, batches_of: int) -> dict:
     model = _model()
     if collective == "ddp":
         vs = VirtualGradSum(list(model.parameters()), world)
