@@ -158,7 +158,6 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
     if rsq and x.device.type == "cpu":
         raise ValueError(f"rmsnorm_quant: variant {variant!r} needs a GPU (rsqrt.approx.f32)")
     from agoq_cuda.launch import LAUNCHER  # the plugin's geometry decides HW
-    from agoq_triton_kernels.launch import _tensor_scale
 
     n, h = x.numel(), x.shape[-1]
     check_codec_buffers(spec, n, codes, scales, x.device, "rmsnorm_quant")
@@ -183,8 +182,7 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
     warps = 4 if h <= 2048 else 8 if h <= 8192 else 16
     extra = {"num_warps": warps} if x.device.type != "cpu" else {}
     _rmsnorm_quant_kernel[(max(1, nprog),)](
-        xv, wv, yv, codes.view(torch.int8), scales, m, float(eps), _tensor_scale(spec, x) if spec.tensor_scaled
-        else None, rinv, H=h, NBR=h // spec.block, KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"],
+        xv, wv, yv, codes.view(torch.int8), scales, m, float(eps), LAUNCHER.tensor_scale(spec, x), rinv, H=h, NBR=h // spec.block, KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"],
         BLOCK_P=c["BLOCK_P"], QMAX=c["QMAX"], HW=hw_, FLOAT=fk, SCALE=c.get("SCALE", 0), ORDER=order,
         RSQRT=rsq, LANES=lanes, LOG_LANES=lanes.bit_length() - 1, WRITE_R=int(rinv is not None),
         enable_fp_fusion=False, **extra)
