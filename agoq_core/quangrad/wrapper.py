@@ -114,14 +114,30 @@ def sum_of_squares(x: torch.Tensor) -> float:
     a Python float, which callers combine in fp64. When the fp32 sum overflows or underflows, or x holds
     NaN/Inf, it is redone on x scaled by a power of two near 1/max|x| (exact), rescaled on the host; NaN/Inf
     in x give NaN/Inf."""
-    if x.numel() == 0:
-        return 0.0
+    return sums_of_squares([x])[0]
+
+
+def sums_of_squares(xs: list[torch.Tensor]) -> list[float]:
+    """:func:`sum_of_squares` of every tensor in ``xs``, with one host synchronisation for all of them."""
+    return _finish_sums([_device_sum_of_squares(x) for x in xs], xs.__getitem__)
+
+
+def _fp32_flat(x: torch.Tensor) -> torch.Tensor:
     xf = x.detach().reshape(-1)
-    if xf.dtype != torch.float32:
-        xf = xf.float()
-    s = float(torch.sum(xf * xf))
-    if math.isfinite(s) and s >= 2.0 ** -100:
-        return s
+    return xf if xf.dtype == torch.float32 else xf.float()
+
+
+def _device_sum_of_squares(x: torch.Tensor) -> torch.Tensor | None:
+    """The fp32 sum of squares of ``x`` as a 0-d device tensor, not synchronised (None for an empty x)."""
+    if x.numel() == 0:
+        return None
+    xf = _fp32_flat(x)
+    return torch.sum(xf * xf)
+
+
+def _rescaled_sum_of_squares(x: torch.Tensor) -> float:
+    """The overflow/underflow/non-finite path of :func:`sum_of_squares` (one more pass, rare)."""
+    xf = _fp32_flat(x)
     m = float(xf.abs().amax())
     if m == 0.0 or not math.isfinite(m):
         return m * m if m == m else float("nan")
@@ -129,6 +145,19 @@ def sum_of_squares(x: torch.Tensor) -> float:
     h = -(e // 2)
     y = (xf * (2.0 ** h)) * (2.0 ** (-e - h))
     return float(torch.sum(y * y)) * 2.0 ** (2 * e)
+
+
+def _finish_sums(parts: list[torch.Tensor | None], source: Callable[[int], torch.Tensor]) -> list[float]:
+    """Host floats of device sums made by :func:`_device_sum_of_squares`, with ONE synchronisation for all
+    of them (a ``float()`` per tensor stalls the host once each); each value is the float
+    :func:`sum_of_squares` gives. ``source(i)`` gives tensor i again for the rare rescaled redo."""
+    live = [p for p in parts if p is not None]
+    it = iter(torch.stack(live).tolist() if live else [])
+    out = []
+    for i, p in enumerate(parts):
+        s = 0.0 if p is None else next(it)
+        out.append(s if p is None or (math.isfinite(s) and s >= 2.0 ** -100) else _rescaled_sum_of_squares(source(i)))
+    return out
 
 
 # parameter -> the QuanGradDDP whose hooks it carries. A second wrapper on the same parameters would
@@ -396,7 +425,7 @@ class QuanGradDDP(torch.nn.Module):
         fp32 (NPUs have no fp64 vector ops: :func:`sum_of_squares`), combined in fp64 on the host in bucket
         order (and in rank order for the shards, exchanged as bytes), so every rank computes the same float."""
         if self.config.sharded:
-            local = sum(sum_of_squares(op.shard) for op in self._ops)
+            local = sum(sums_of_squares([op.shard for op in self._ops]))
             parts = [local]
             if self.world_size > 1:
                 mine = torch.frombuffer(bytearray(struct.pack("<d", local)), dtype=torch.uint8).to(self.device)
@@ -412,11 +441,15 @@ class QuanGradDDP(torch.nn.Module):
             # Without step_per_bucket the optimizer step holds every bucket's fp32 gradient at once anyway:
             # keep them for it instead of dequantizing every bucket a second time.
             keep = not self.config.step_per_bucket
+            # The per-bucket sums stay on the device until all are queued: one host synchronisation per step.
+            parts = []
             for bi in range(len(self.layout.buckets)):
                 g = self.storage.bucket_fp32(bi)
-                total += sum_of_squares(g)
+                parts.append(_device_sum_of_squares(g))
                 if keep:
                     self._fp32[bi] = g
+            for v in _finish_sums(parts, (lambda bi: self._fp32[bi]) if keep else self.storage.bucket_fp32):
+                total += v  # bucket order, as before
         total *= mult * mult
         return math.sqrt(total) if total >= 0 else float("nan")
 
