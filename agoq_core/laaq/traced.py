@@ -39,12 +39,16 @@ __all__ = ["norm", "linear", "swiglu"]
 
 
 # ---- kept tensors: (codes, scales) in a spec, or (x,) as is -------------------------------------------
-def _keep(x: torch.Tensor, spec: FormatSpec | None, backend: str | None, role: str,
-          layer: int | None) -> tuple[torch.Tensor, ...]:
+def _keep(x: torch.Tensor, spec: FormatSpec | None, backend: str | None, role: str) -> tuple[torch.Tensor, ...]:
+    """No layer index reaches the graph: an int argument of a custom op is a constant of the traced graph
+    and Dynamo guards on it, so every LAAQ layer compiled on its own would be a new graph -- past
+    ``torch._dynamo.config.recompile_limit`` (8) every later layer, LAAQ or not, silently ran eager
+    (2026-12-01, H200: 24 of 32 layers of a compiled policy, 2 GB more kept per bf16 layer, out of memory).
+    The memory meters attribute kept tensors to layers by module scope (laaq.memory), not by this index."""
     x = x.detach()
     if spec is None:
         return (x,)
-    return ops.quantize(x, spec, backend, role, layer)
+    return ops.quantize(x, spec, backend, role, None)
 
 
 def _load(kept: Sequence[torch.Tensor], spec: FormatSpec | None, backend: str | None, shape,
@@ -106,7 +110,7 @@ def norm(mod: torch.nn.Module, st: Any, x: torch.Tensor) -> torch.Tensor:
     spec = st.fmts["norm_input"]
     params = tuple(mod.parameters())
     recipe = _Recipe(mod, st.orig, spec, st.backend, x.shape, x.dtype, amp_state(x.device.type))
-    kept = _keep(x, spec, st.backend, "norm_input", st.layer)
+    kept = _keep(x, spec, st.backend, "norm_input")
     y = _NormFn.apply(x, recipe, len(kept), *kept, *params)
     group = st.group
     n = group.expects.get(st.path, 0)
@@ -204,7 +208,7 @@ def linear(mod: torch.nn.Module, st: Any, x: torch.Tensor, alias: bool) -> torch
         return _RecomputedLinearFn.apply(x, recipe, len(kept), w, b, *kept, *params)
     # a partial view of a norm output (logits_to_keep > 0) keeps its own input, in linear_input's format
     spec = None if alias else st.fmts[st.role]
-    kept = _keep(x, spec, st.backend, st.role, st.layer) if w.requires_grad else ()
+    kept = _keep(x, spec, st.backend, st.role) if w.requires_grad else ()
     return _SavedLinearFn.apply(x, spec, st.backend, len(kept), w, b, *kept)
 
 
@@ -215,15 +219,15 @@ class _SwiGLUFn(torch.autograd.Function):
     gate_up), down w/b, then the kept tensors of x, then the norm's parameters."""
 
     @staticmethod
-    def forward(ctx, x, act, recipe, x_spec, act_spec, backend, layer, nkx: int, *tensors):
+    def forward(ctx, x, act, recipe, x_spec, act_spec, backend, nkx: int, *tensors):
         wg, bg, wu, bu, wd, bd = tensors[:6]
         rest = tensors[6:]
         if wu is None:  # one gate_up projection, as the model computes it, then its two halves
             g, u = F.linear(x, wg, bg).chunk(2, dim=-1)
         else:
             g, u = F.linear(x, wg, bg), F.linear(x, wu, bu)
-        kg = _keep(g, act_spec, backend, "mlp_act_input", layer)
-        ku = _keep(u, act_spec, backend, "mlp_act_input", layer)
+        kg = _keep(g, act_spec, backend, "mlp_act_input")
+        ku = _keep(u, act_spec, backend, "mlp_act_input")
         out = F.linear(act(g) * u, wd, bd)
         ctx.save_for_backward(wg, wu, wd, *kg, *ku, *rest)
         ctx.act, ctx.recipe, ctx.x_spec, ctx.act_spec, ctx.backend = act, recipe, x_spec, act_spec, backend
@@ -239,7 +243,7 @@ class _SwiGLUFn(torch.autograd.Function):
         na, nkx = ctx.nka, ctx.nkx
         kg, ku, kx, params = rest[:na], rest[na:2 * na], rest[2 * na:2 * na + nkx], rest[2 * na + nkx:]
         need = ctx.needs_input_grad
-        nw = need[8:14]
+        nw = need[7:13]  # the six weight/bias slots after x, act, recipe, x_spec, act_spec, backend, nkx
         fused = wu is None
         with amp_context(ctx.amp):
             go = grad_out.reshape(-1, grad_out.shape[-1])
@@ -274,7 +278,7 @@ class _SwiGLUFn(torch.autograd.Function):
             dW.append(None)
             dB.append(None)
         grads = (dW[0], dB[0], dW[1], dB[1], dwd, dbd)
-        return (None,) * 0 + (dx,) + (None,) * 7 + grads + (None,) * len(rest)
+        return (dx,) + (None,) * 6 + grads + (None,) * len(rest)
 
 
 def swiglu(mod: torch.nn.Module, st: Any, x: torch.Tensor, mods: Sequence[torch.nn.Module], act: Callable) -> torch.Tensor:
@@ -293,6 +297,6 @@ def swiglu(mod: torch.nn.Module, st: Any, x: torch.Tensor, mods: Sequence[torch.
     else:
         recipe, params = None, ()
         need_x = gm.weight.requires_grad or (um is not None and um.weight.requires_grad)
-        kept = _keep(x, x_spec, st.backend, "linear_input", st.layer) if need_x else ()
+        kept = _keep(x, x_spec, st.backend, "linear_input") if need_x else ()
         extra, nkx = kept, len(kept)
-    return _SwiGLUFn.apply(x, act, recipe, x_spec, st.fmts["mlp_act_input"], st.backend, st.layer, nkx, *lin, *extra)
+    return _SwiGLUFn.apply(x, act, recipe, x_spec, st.fmts["mlp_act_input"], st.backend, nkx, *lin, *extra)

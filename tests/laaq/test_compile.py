@@ -224,3 +224,38 @@ def test_other_families_compile_fullgraph(name):
         else:
             assert torch.equal(g0[n], g1[n]), n
     torch._dynamo.reset()
+
+
+def test_every_compiled_laaq_layer_shares_one_graph():
+    """Each decoder layer compiled on its own (as torchtitan and apply_policy do): all LAAQ layers share one
+    graph and all of them run compiled. Was: the layer index went into the graph as a constant, Dynamo
+    recompiled per layer and, past ``recompile_limit`` (8), ran every later layer -- LAAQ or not -- eagerly
+    without an error (H200, 2026-12-01: a 32-layer compiled budget policy kept 2 GB more per bf16 layer
+    than planned and ran out of memory)."""
+    from agoq_core.laaq.policy import apply_policy
+
+    torch._dynamo.reset()
+    n = 12  # > torch._dynamo.config.recompile_limit (8)
+    model = small_model("llama", layers=n)
+    graphs: list[int] = []  # per graph compiled: how many times it ran
+
+    def backend(gm, example_inputs):
+        k = len(graphs)
+        graphs.append(0)
+
+        def run(*args):
+            graphs[k] += 1
+            return gm.forward(*args)
+
+        return run
+
+    choices = ["laaq-c:nf4"] * (n - 3) + ["bf16-c"] * 3
+    rep = apply_policy(model, choices, compile_backend=backend, convert_final_norm=False)
+    try:
+        ids = small_batch()
+        model(input_ids=ids, labels=ids).loss.backward()
+        assert len(graphs) == 2, graphs  # one for the LAAQ layers, one for the bf16 ones
+        assert sum(graphs) == n, graphs  # every layer ran compiled (before: 8 of 12)
+    finally:
+        rep.undo()
+        torch._dynamo.reset()
