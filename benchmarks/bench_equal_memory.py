@@ -61,16 +61,19 @@ K = 1024
 ALL_CONFIGS = ("plain", "plain-c", "ckpt", "ckpt-c", "partial", "partial-c", "sac", "sac-c", "offload", "liger",
                "fp8-c", "laaq", "laaq-c", "laaq-liger", "policy", "policy-c", "policy-fp8-c", "policy-m")
 AGOQ = ("laaq", "laaq-c", "laaq-liger", "policy", "policy-c", "policy-fp8-c", "policy-m")
-#: The --quick run (2026-12-01 re-plan, < 4.5 minutes on one H200): the per-layer profile (~70 s), then
-#: (config, cap GiB) -> sequences, most informative first; the time guard starts no process after 205 s.
-#: Already measured on 2026-12-01 and not repeated: plain 16K, full checkpointing and LAAQ at 32K, the
-#: analytic policy at 16K/32K.
+#: The --quick run (2026-12-02 re-plan, issue 18; < 8 minutes on one H200 with --layer-costs, i.e. without the
+#: per-layer profile): (config, cap GiB) -> sequences, most informative first; the time guard starts no process
+#: after 205 s (--budget-s). Already measured and not repeated: plain 16K, full checkpointing and LAAQ at 32K,
+#: the analytic policy at 16K/32K (2026-12-01 06:51), compiled SAC at 32K on the whole device (7,521 tokens/s,
+#: 104.3 GiB, 09:27).
 QUICK_CELLS = (
-    (("policy-m", 0), (32 * K,)),          # the measured-cost policy where the gap was (0.906x compiled SAC)
-    (("sac-c", 0), (32 * K,)),             # the fastest alternative at 32K (same run)
-    (("policy-m", 80), (32 * K, 64 * K)),  # an H100-class budget: SAC needs 104 GiB at 32K; 64K: 23 layers
-                                           # recomputed -- where the old peak rule was 10% high
-    (("ckpt-c", 80), (32 * K,)),           # what fits 32K under 80 GiB among the alternatives (if time is left)
+    (("policy-m", 0), (32 * K,)),          # the measured-cost policy: 3 x OOM on 2026-12-01 (24 of 32 layers ran
+                                           # eager past dynamo's recompile limit; fixed), now its prediction
+    (("sac-c", 80), (32 * K,)),            # an H100-class budget (set_per_process_memory_fraction on cuda:N):
+                                           # SAC needed 104.3 GiB uncapped, so expected OOM
+    (("ckpt-c", 80), (32 * K,)),           # the alternative that fits 32K under 80 GiB
+    (("policy-m", 80), (32 * K, 64 * K)),  # the policy under the cap (64K: analytic options, not profiled there)
+    (("partial-c", 80), (32 * K,)),        # fewest checkpointed layers under 80 GiB (if the guard leaves time)
 )
 QUICK_PROFILE = dict(seqs="32K,16K", budget_s=75.0)
 
@@ -198,12 +201,20 @@ def _plan(cell, model, seq, options, loss, device, measured=None, headroom=0.02)
         plan = None
         for f in [1 - i / 16 for i in range(16)]:
             try:
-                plan = plan_budget(model.config, budget=int(hi * f / 0.98) + 1, **kw)
+                plan = plan_budget(model.config, budget=int(hi * f / (1 - headroom)) + 1, **kw)
             except BudgetError:
                 break
         return plan
     budget = cell["cap_bytes"] or torch.cuda.get_device_properties(device).total_memory
     return plan_budget(model.config, budget=budget, **kw)
+
+
+def _plan_desc(plan) -> dict:
+    """What a policy row records of its plan: the mix, the predicted peak by component, step time, budget."""
+    d = plan.to_dict()
+    return dict(mix=plan.mix, choices=list(plan.choices), predicted_peak_bytes=plan.peak_bytes,
+                predicted_parts=d["peak_parts"], budget_bytes=plan.budget_bytes,
+                predicted_step_s=plan.step_time_s, predicted_tokens_per_s=plan.tokens_per_s)
 
 
 class _FakeOOM(Exception):
@@ -261,23 +272,25 @@ def _setup(model, config, seq, cell, device, state):
                 return False
 
         measured = {k: v for k, v in ((cell.get("measured") or {}).get(str(seq)) or {}).items() if usable(k)}
+        if state.get("analytic"):  # two measured-cost plans ran out of memory: the analytic eager options
+            measured = {}
         analytic = "bf16,laaq:nf4,laaq:int8,sac,ckpt,qckpt:nf4,qckpt:int8"
         options = ",".join(dict.fromkeys(list(measured) + analytic.split(","))) if measured else analytic
-        headroom = state.setdefault("headroom", 0.02)
+        headroom = state.setdefault("headroom", POLICY_HEADROOM[0])
         plan = _plan(cell, model, seq, options, "chunked", device, measured=measured or None, headroom=headroom)
         desc["headroom"] = headroom
-        desc.update(mix=plan.mix, choices=list(plan.choices), predicted_peak_bytes=plan.peak_bytes,
-                    predicted_step_s=plan.step_time_s, predicted_tokens_per_s=plan.tokens_per_s,
-                    costs="measured (bench_layer_profile) + analytic for the rest" if measured else "analytic")
+        desc.update(_plan_desc(plan), costs="measured (bench_layer_profile) + analytic for the rest" if measured else (
+            "analytic (fallback after 2 measured-cost plans ran out of memory)" if state.get("analytic") else "analytic"))
         apply_policy(model, plan, compile_backend=be)
         return "chunked", desc
     elif base in ("policy", "policy-fp8"):
         from agoq_core.laaq.policy import apply_policy
 
+        headroom = state.setdefault("headroom", POLICY_HEADROOM[0])
         plan = _plan(cell, model, seq, "bf16,laaq:nf4,laaq:int5,laaq:int6,laaq:int8,sac,ckpt,qckpt:nf4,qckpt:int8",
-                     "chunked", device)
-        desc.update(mix=plan.mix, choices=list(plan.choices), predicted_peak_bytes=plan.peak_bytes,
-                    predicted_step_s=plan.step_time_s, predicted_tokens_per_s=plan.tokens_per_s)
+                     "chunked", device, headroom=headroom)
+        desc["headroom"] = headroom
+        desc.update(_plan_desc(plan))
         not_laaq = {i for i, c in enumerate(plan.choices) if not c.startswith("laaq")}
         if base == "policy-fp8":
             _float8(model, not_laaq)
@@ -338,25 +351,106 @@ def _step(model, ids, loss_kind, opt, offload):
     return float(loss.detach())
 
 
+def _apply_cap(cell, device):
+    """(device with an index, fraction set or None): the cap is ``cell["cap_bytes"]`` of the device's memory,
+    set with torch.cuda.set_per_process_memory_fraction on an indexed device (torch 2.11 refuses a bare
+    ``"cuda"``: the 2026-12-01 80 GiB cells failed on it). The planner budgets against the same cap (_plan)."""
+    import torch
+
+    if device.type != "cuda":
+        return device, None
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if not cell["cap_bytes"]:
+        return device, None
+    total = torch.cuda.get_device_properties(device).total_memory
+    frac = min(1.0, cell["cap_bytes"] / total)
+    torch.cuda.set_per_process_memory_fraction(frac, device)
+    return device, frac
+
+
+class _CompileWatch:
+    """Collects Dynamo's "hit config.recompile_limit" warnings: past the limit a frame runs eagerly without an
+    error (2026-12-01: 24 of 32 compiled layers of policy-m), so a row records it (``compile_fallbacks``)."""
+
+    def __init__(self):
+        import logging
+
+        self.seen: list[str] = []
+        watch = self
+
+        class _H(logging.Handler):
+            def emit(self, record):
+                try:
+                    msg = record.getMessage()
+                except Exception:  # noqa: BLE001
+                    return
+                if "recompile_limit" in msg or "cache_size_limit" in msg:
+                    watch.seen.append(" ".join(msg.split())[:240])
+
+        self.handler = _H(level=logging.WARNING)
+        self.loggers = [logging.getLogger(n) for n in ("torch._dynamo.convert_frame", "torch._dynamo")]
+        for lg in self.loggers:
+            lg.addHandler(self.handler)
+
+    def take(self) -> list[str]:
+        out, self.seen = list(dict.fromkeys(self.seen)), []
+        return out
+
+    def close(self):
+        for lg in self.loggers:
+            lg.removeHandler(self.handler)
+
+
+#: Planner headroom of the first policy attempt and the largest the retries go to.
+POLICY_HEADROOM = (0.02, 0.45)
+
+
+def _policy_retry(state, res, static_late):
+    """After a policy plan ran out of memory: the next attempt's settings in ``state``; False = give up.
+
+    Attempt 2 plans with more headroom: when the warm-up step completed (the OOM came with gradients and
+    optimizer state allocated), by what the warm-up's measured peak exceeded the plan's prediction for it
+    (predicted peak minus gradients and optimizer state, ``static_late``), plus 1%; otherwise 5% more.
+    Attempt 3 (policy-m only) plans from the analytic eager options, checked on the H200 within 1.1%.
+    Then the ladder ends."""
+    n = state["attempts"] = state.get("attempts", 1) + 1
+    h = state.get("headroom", POLICY_HEADROOM[0])
+    budget, pred = res.get("budget_bytes"), res.get("predicted_peak_bytes")
+    if n == 2:
+        warm = res.get("warmup_peak_bytes")
+        if warm and budget and pred:
+            under = warm - (pred - static_late)
+            state["headroom"] = min(POLICY_HEADROOM[1], max(h + 0.01, h + under / budget + 0.01))
+        else:
+            state["headroom"] = min(POLICY_HEADROOM[1], h + 0.05)
+        return state["headroom"] > h
+    if n == 3 and res.get("config") == "policy-m" and not state.get("analytic"):
+        state["analytic"], state["headroom"] = True, POLICY_HEADROOM[0]
+        return True
+    return False
+
+
 def run_cell(cell):
     import torch
 
     _use_checkout()
-    device = torch.device(cell["device"])
+    device, frac = _apply_cap(cell, torch.device(cell["device"]))
     cuda = device.type == "cuda"
-    if cuda and device.index is None:  # set_per_process_memory_fraction wants an index ("cuda" is not enough)
-        device = torch.device("cuda", torch.cuda.current_device())
-    if cuda and cell["cap_bytes"]:
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, cell["cap_bytes"] / total), device)
     config = cell["config"]
     results = []
     state: dict = {}
+    watch = _CompileWatch()
     for seq in cell["seqs"]:
-        while True:  # retries: partial with more layers, liger/fp8 with the next checkpointing
+        state.pop("attempts", None)  # a longer sequence starts from the headroom / costs the last one ended with
+        while True:  # retries: partial with more layers, liger/fp8 with the next checkpointing, policy re-planned
             res = {"config": config, "seq": seq, "cap_gib": cell["cap_bytes"] / GIB if cell["cap_bytes"] else 0}
+            if frac is not None:
+                res["memory_fraction"] = frac
             model = opt = None
             oom = None
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(device)
             try:
                 model = build(cell, device)
                 loss_kind, desc = _setup(model, config, seq, cell, device, state)
@@ -372,7 +466,8 @@ def run_cell(cell):
                 res["first_step_s"] = time.perf_counter() - t0
                 if cuda:
                     torch.cuda.synchronize()
-                    torch.cuda.reset_peak_memory_stats()
+                    res["warmup_peak_bytes"] = torch.cuda.max_memory_allocated(device)
+                    torch.cuda.reset_peak_memory_stats(device)
                 t0 = time.perf_counter()
                 for _ in range(cell["steps"]):
                     _step(model, ids, loss_kind, opt, offload)
@@ -393,7 +488,12 @@ def run_cell(cell):
                 res.update(oom=False, failed=f"{type(exc).__name__}: {str(exc)[:300]}",
                            traceback=traceback.format_exc()[-1500:])
             if oom is not None:
-                res.update(oom=True, error=oom)
+                res.update(oom=True, error=oom, oom_phase="timed" if "first_step_s" in res else "warm-up")
+                if cuda:  # since the attempt's start or the end of its warm-up: a lower bound of what it needed
+                    res["oom_max_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+            fell = watch.take()
+            if fell:
+                res["compile_fallbacks"] = fell
             del model, opt
             gc.collect()
             if cuda:
@@ -409,15 +509,16 @@ def run_cell(cell):
                 elif base in ("liger", "fp8") and len(state.get("chain", [])) > 1:
                     state["chain"].pop(0)
                     retry = True
-                elif base == "policy-m" and state.get("headroom", 1.0) < 0.09:
-                    state["headroom"] += 0.04  # measured costs can miss an allocator's slack: plan tighter once
-                    retry = True
+                elif base in ("policy", "policy-fp8", "policy-m") and res.get("predicted_peak_bytes"):
+                    late = sum((res.get("predicted_parts") or {}).get(k, 0) for k in ("grads", "optimizer"))
+                    retry = _policy_retry(state, res, late)
             results.append(res)
             if not retry:
                 break
         last = results[-1]
         if last.get("oom") or last.get("unavailable") or last.get("failed"):
             break  # longer sequences need more memory: the ladder ends here
+    watch.close()
     return results
 
 
@@ -530,13 +631,15 @@ def table(rows, smoke):
         if r.get("unavailable") or r.get("failed"):
             note, tps, pk = (r.get("unavailable") or r.get("failed"))[:60], "-", "-"
         elif r.get("oom"):
-            note, tps, pk = "OOM", "-", "-"
+            note, tps, pk = "OOM" + (f" ({r['oom_phase']})" if r.get("oom_phase") else ""), "-", "-"
         else:
             tps = f"{r['tokens_per_s']:,.0f}"
             pk = f"{r['peak_bytes'] / unit:.1f}" if r.get("peak_bytes") else "n/a"
             note = ", ".join(f"{k}={v}" for k, v in (("ckpt_layers", r.get("ckpt_layers")),
                                                         ("ckpt", r.get("checkpointing")), ("mix", r.get("mix")))
                              if v is not None)
+        if r.get("compile_fallbacks"):
+            note = f"EAGER FALLBACK x{len(r['compile_fallbacks'])}; " + note
         pred = f"{r['predicted_peak_bytes'] / unit:.1f}" if r.get("predicted_peak_bytes") else ""
         lines.append(f"{r['config']:<14} {cap:>5} {r['seq']:>7} {tps:>10} {pk:>10} {pred:>10}  {note}")
     return "\n".join(lines)
@@ -626,6 +729,16 @@ def main(argv=None):
     elif args.quick and not args.no_layer_profile:
         layer_profile = _layer_profile(args, env)
     measured = (layer_profile or {}).get("costs")
+    if measured:  # a profile measured with a leaf input counted it for the methods that do not keep it
+        _use_checkout()
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import bench_layer_profile as lp
+
+        measured, notes = lp.input_leaf_correction(measured, _shape(args.smoke, args.layers).hidden,
+                                                   meta=layer_profile.get("meta"))
+        if notes:
+            layer_profile["cost_corrections"] = notes
+            print(f"layer costs: {len(notes)} saved-byte corrections (profile measured with a leaf input)", flush=True)
     for cell in _cells(args, measured):
         if budget_s is not None and time.time() - t_start > budget_s:
             skipped.append(f"{cell['config']}@{cell['cap_bytes'] / GIB:.0f}GiB: time budget {budget_s:.0f} s spent")

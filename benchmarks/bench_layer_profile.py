@@ -7,7 +7,8 @@ arguments are captured from one forward of a one-layer model). For every method 
 
 * forward and backward milliseconds (CUDA events, median of ``--reps``, after warm-up steps that compile);
 * bytes the layer keeps from forward to backward (``saved``: allocated after forward, with the caller's
-  reference to the input dropped, minus before, minus the output -- the next layer's input) and bytes on top
+  reference to the input -- a non-leaf, as the previous layer's output -- dropped, minus before, minus the
+  output -- the next layer's input) and bytes on top
   of those while its backward runs (``transient``, the incoming gradient included): the planner's
   per-layer ``saved_bytes``/``transient_bytes``;
 * one profiled step (torch.profiler, forward and backward profiled separately): CUDA kernel time grouped as
@@ -288,8 +289,11 @@ def measure(method, base, args_, kw, inputs, seq, *, device, reps, warmup, compi
     saved = transient = None
     if cuda:
         torch.cuda.empty_cache()
-        # a fresh copy: the input is the previous layer's output, freed unless this layer keeps it
-        x = x0.clone().requires_grad_(True)
+        # the input as the previous layer's output: a fresh non-leaf, freed unless this layer keeps it. (Until
+        # 2026-12-02 a leaf clone: its AccumulateGrad node kept it alive, so every method that does not keep its
+        # bf16 input -- plain eager, LAAQ, quantized checkpointing -- was measured 2 x T x h bytes high.)
+        lead = torch.zeros((), dtype=x0.dtype, device=x0.device, requires_grad=True)
+        x = x0 + lead
         a0 = torch.cuda.memory_allocated(device)
         y = mod(x, *args_, **kw)
         del x
@@ -303,7 +307,7 @@ def measure(method, base, args_, kw, inputs, seq, *, device, reps, warmup, compi
         del g
         sync()
         transient = torch.cuda.max_memory_allocated(device) - b0 + nbytes
-        del y
+        del y, lead
         zero()
     # time
     fw, bw = [], []
@@ -472,6 +476,35 @@ def costs(rows) -> dict:
     return out
 
 
+#: meta["input"] of a profile whose saved bytes were measured with a non-leaf layer input (since 2026-12-02).
+INPUT_NON_LEAF = "non-leaf"
+#: Methods that do not keep their bf16 input: a profile measured with a leaf input (no meta["input"]) counted it
+#: for them (docs/bench/h200-2026-12-01-s2: bf16, laaq:nf4, laaq:int8 and qckpt:nf4 each measured exactly
+#: 2 x T x h bytes (+ <= 1 KiB) above the planner's byte-exact count; laaq-c:nf4 measured the same bytes as
+#: laaq:nf4). Methods that keep the input anyway (ckpt, sac, and -- not known, so left as measured, at worst
+#: 2 x T x h high -- compiled plain and the attention half of laaq-mlp) are unaffected.
+_LEAF_COUNTED = ("bf16", "laaq", "laaq-c", "qckpt", "qckpt-c")
+
+
+def input_leaf_correction(costs: dict, hidden: int, batch: int = 1, meta: dict | None = None) -> tuple[dict, list]:
+    """``costs`` ({seq: {method: {saved_bytes, ...}}}) of a profile measured before INPUT_NON_LEAF with the
+    layer input's bytes (2 x batch x seq x hidden, bf16) taken off the methods of _LEAF_COUNTED; unchanged
+    for a newer profile. Returns (costs, notes)."""
+    if (meta or {}).get("input") == INPUT_NON_LEAF:
+        return costs, []
+    out, notes = {}, []
+    for seq, by in costs.items():
+        out[seq] = {}
+        for m, c in by.items():
+            kind = m.split(":")[0]
+            if kind in _LEAF_COUNTED:
+                x = 2 * batch * int(seq) * hidden
+                c = dict(c, saved_bytes=max(0, int(c["saved_bytes"]) - x))
+                notes.append(f"{m}@{seq}: saved - {x} B (the leaf input the old profile counted)")
+            out[seq][m] = c
+    return out, notes
+
+
 def _seqs(text):
     return [int(x[:-1]) * K if x.lower().endswith("k") else int(x) for x in text.split(",")]
 
@@ -571,7 +604,7 @@ def _environment(device, a):
 
         env = {"torch": torch.__version__}
     return env | {"model": "tiny LLaMA layer (CPU smoke)" if a.smoke else "one LLaMA-2-7B decoder layer",
-                  "batch": 1, "reps": a.reps, "warmup": a.warmup}
+                  "batch": 1, "reps": a.reps, "warmup": a.warmup, "input": INPUT_NON_LEAF}
 
 
 if __name__ == "__main__":

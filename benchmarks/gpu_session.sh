@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call, several benchmarks: each stage gets its own time limit and writes into $OUT.
 #   bash benchmarks/gpu_session.sh STAGE[:SECONDS] ...
-# Stages: conformance, laaq, quangrad, laaq-fusion, fusion, codecs, torchtitan, equal-memory, integrations,
+# Stages: conformance, laaq, quangrad, laaq-fusion, fusion, codecs, torchtitan, equal-memory, equal-memory-m, integrations,
 # grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests. Runs the repo in place via PYTHONPATH (the GPU
 # machine has torch + triton preinstalled and no network).
 set -u
@@ -28,6 +28,10 @@ for spec in "$@"; do
     codecs)      cmd=(python3 benchmarks/bench_codecs.py --sizes-mib 1024 --no-sweep --deadline-s $((secs - 30))) ;;
     torchtitan)  cmd=(python3 benchmarks/bench_torchtitan.py --budget-s $((secs - 30))) ;;  # needs .whl (docs/integrations.md)
     equal-memory) cmd=(python3 benchmarks/bench_equal_memory.py --quick --budget-s $((secs - 70))) ;;  # torchao wheel in .whl; 290 s: layer profile + 3 cells
+    # issue 18: the --quick cells (policy-m whole device and 80 GiB cap, SAC / full / partial checkpointing compiled
+    # at 80 GiB) planned from the 2026-12-01 H200 per-layer profile instead of profiling again (~90 s saved)
+    equal-memory-m) cmd=(python3 benchmarks/bench_equal_memory.py --quick --cell-timeout-s 240 --budget-s $((secs - 170)) \
+                        --layer-costs docs/bench/h200-2026-12-01-s2/equal-memory/bench_layer_profile.json) ;;
     integrations) cmd=(python3 benchmarks/bench_integrations.py) ;;   # CUDA autocast, eager vs compiled LAAQ
     grad-error)  cmd=(python3 benchmarks/bench_grad_error.py --budget-s $((secs - 40))) ;;  # LAAQ gradient error, 7B shapes
     mx-probe)    cmd=(python3 benchmarks/gpu_mx_reduce_probe.py) ;;

@@ -43,7 +43,7 @@ def _keep(x: torch.Tensor, spec: FormatSpec | None, backend: str | None, role: s
     """No layer index reaches the graph: an int argument of a custom op is a constant of the traced graph
     and Dynamo guards on it, so every LAAQ layer compiled on its own would be a new graph -- past
     ``torch._dynamo.config.recompile_limit`` (8) every later layer, LAAQ or not, silently ran eager
-    (2026-12-01, H200: 24 of 32 layers of a compiled policy, 2 GB more kept per bf16 layer, out of memory).
+    (2026-12-01, H200: 24 of 32 layers of a compiled policy, 1.8 GB more kept per bf16 layer, out of memory).
     The memory meters attribute kept tensors to layers by module scope (laaq.memory), not by this index."""
     x = x.detach()
     if spec is None:

@@ -25,11 +25,12 @@ def _cell(config, seqs, **kw):
 
 def test_policy_ladder_and_oom(bench):
     rows = bench.run_cell(_cell("policy", [64, 128, 256], fake_oom_above=64))
-    assert [r["seq"] for r in rows] == [64, 128]  # stops at the first OOM
-    ok, oom = rows
+    assert [r["seq"] for r in rows] == [64, 128, 128]  # one re-plan with more headroom, then the ladder stops
+    ok, oom, oom2 = rows
     assert not ok["oom"] and ok["tokens_per_s"] > 0 and ok["loss_kind"] == "chunked"
     assert len(ok["choices"]) == 2 and set(ok["mix"]) - {"bf16"}  # the smoke budget forces a mix
-    assert oom["oom"] and "simulated OOM" in oom["error"]
+    assert oom["oom"] and "simulated OOM" in oom["error"] and oom2["oom"]
+    assert (oom["headroom"], oom2["headroom"]) == (0.02, 0.07)
 
 
 def test_partial_adds_layers_after_oom(bench):
@@ -62,7 +63,8 @@ def test_summary_and_table(bench):
 def test_quick_cells_and_cap_flag(bench):
     cells = bench._cells(bench.parse(["--quick"]))
     assert [(c["config"], c["cap_bytes"] // (1 << 30)) for c in cells] == [cc for cc, _ in bench.QUICK_CELLS]
-    assert cells[0]["seqs"] == [32768] and cells[2]["seqs"] == [32768, 65536] and cells[0]["batch"] == 1
+    assert cells[0]["seqs"] == [32768] and cells[3]["seqs"] == [32768, 65536] and cells[0]["batch"] == 1
+    assert [c["cap_bytes"] for c in cells[1:]] == [80 << 30] * (len(cells) - 1)
     capped = bench._cells(bench.parse(["--cap-gib", "80", "--configs", "sac-c,policy-m", "--seqs", "8K,16K"]))
     assert [(c["config"], c["cap_bytes"], c["seqs"]) for c in capped] == [
         ("sac-c", 80 << 30, [8192, 16384]), ("policy-m", 80 << 30, [8192, 16384])]
@@ -114,3 +116,154 @@ def test_layer_profile_smoke(tmp_path):
     assert laaq["bwd_groups_ms"]["codec"] > 0  # the dequantize calls are labelled and counted
     assert {e["method"] for e in rep["explain"]} == {"bf16", "laaq:nf4"}
     assert (tmp_path / "lp.json").exists()
+
+
+_RUN = Path(__file__).resolve().parents[2] / "docs" / "bench" / "h200-2026-12-01-s2" / "equal-memory"
+
+
+def _lp():
+    spec = importlib.util.spec_from_file_location("bench_layer_profile", _PATH.with_name("bench_layer_profile.py"))
+    lp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lp)
+    return lp
+
+
+def test_apply_cap_sets_the_fraction_on_an_indexed_device(bench, monkeypatch):
+    """The 80 GiB cells: set_per_process_memory_fraction gets cuda:N (torch 2.11 refuses a bare "cuda", which is
+    how the 2026-12-01 cells failed) and cap / total; the whole device sets nothing."""
+    import types
+
+    import torch
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda d: types.SimpleNamespace(total_memory=int(139.8 * (1 << 30))))
+
+    def setf(frac, device=None):
+        if not isinstance(device, int) and getattr(device, "index", None) is None:
+            raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
+        calls.append((frac, device))
+
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", setf)
+    dev, frac = bench._apply_cap({"cap_bytes": 80 << 30}, torch.device("cuda"))
+    assert dev == torch.device("cuda", 3) and calls == [(frac, dev)] and abs(frac - 80 / 139.8) < 1e-12
+    dev, frac = bench._apply_cap({"cap_bytes": 0}, torch.device("cuda"))
+    assert frac is None and len(calls) == 1 and dev.index == 3
+    assert bench._apply_cap({"cap_bytes": 80 << 30}, torch.device("cpu")) == (torch.device("cpu"), None)
+
+
+def test_capped_plan_budgets_the_cap(bench):
+    """What the planner budgets against is the cap, not the device (LLaMA-2-7B at 32K under 80 GiB)."""
+    from agoq_core.planner.model import model_shape
+
+    class _M:
+        config = _shape = None
+
+    m = _M()
+    m.config = bench._shape(False, None).to_hf_config(max_position_embeddings=32768)
+    cell = dict(smoke=False, cap_bytes=80 << 30, batch=1)
+    plan = bench._plan(cell, m, 32768, "bf16,laaq:nf4,ckpt", "chunked", None)
+    assert plan.budget_bytes == 80 << 30 and plan.peak_bytes <= int((80 << 30) * 0.98)
+    assert model_shape(m.config).layers == 32
+
+
+def test_policy_m_degrades_after_oom(bench):
+    """OOM: the next plan has more headroom (5% when the warm-up did not finish), then the analytic eager options
+    (checked on the H200 within 1.1%), then the ladder ends -- each attempt a row."""
+    measured = {"64": {"bf16-c": {"saved_bytes": 2_000, "transient_bytes": 1_000, "time_s": 1e-4}}}
+    rows = bench.run_cell(_cell("policy-m", [64, 128], measured=measured, fake_oom_above=32))
+    assert [r["seq"] for r in rows] == [64, 64, 64] and all(r["oom"] for r in rows)
+    assert [r["headroom"] for r in rows] == [0.02, 0.07, 0.02]
+    assert [r["costs"].split(" ")[0] for r in rows] == ["measured", "measured", "analytic"]
+    assert all(r["oom_phase"] == "warm-up" and r["predicted_parts"]["grads"] > 0 for r in rows)
+
+
+def test_policy_retry_uses_the_warmup_peak(bench):
+    """When the warm-up step fit and a timed step did not, the warm-up's excess over the plan's prediction for it
+    (the peak without gradients and optimizer state) is the under-count the next plan leaves room for."""
+    G = 1 << 30
+    state = {"headroom": 0.02}
+    res = {"config": "policy-m", "budget_bytes": 100 * G, "predicted_peak_bytes": 90 * G, "warmup_peak_bytes": 80 * G}
+    assert bench._policy_retry(state, res, static_late=20 * G)  # predicted warm-up 70 GiB, measured 80: 10 short
+    assert abs(state["headroom"] - (0.02 + 0.10 + 0.01)) < 1e-12
+    assert bench._policy_retry(state, res, 20 * G) and state["analytic"] and state["headroom"] == 0.02
+    assert not bench._policy_retry(state, res, 20 * G)
+
+
+def test_recorded_h200_policy_m_oom_is_explained():
+    """The 2026-12-01 H200 run (docs/bench/h200-2026-12-01-s2/equal-memory): from the profile's measured costs the
+    plan was 15 x laaq-c:nf4 + 17 x bf16-c, predicted 135.4 GiB on a 139.8 GiB device, OOM. Dynamo compiled only the
+    first 8 layers (recompile_limit; fixed in laaq.traced): the other 7 LAAQ layers and all 17 bf16 layers ran
+    eager, and an eager bf16 layer keeps 1.8-2.1 GB more than a compiled one. The same costs, with those layers
+    eager, predict more than the device -- the OOM. The same combination for compiled SAC (32 layers, HF loss)
+    predicts its measured 104.27 GiB within 0.2%, so static memory, the head and the measured costs add up."""
+    import json
+
+    from agoq_core.planner.budget import plan_budget, plan_for_choices
+
+    rep = json.loads((_RUN / "bench_equal_memory.json").read_text())
+    costs = rep["layer_profile"]["costs"]["32768"]  # as recorded (the leaf-input correction: the next test)
+    pol = [r for r in rep["runs"] if r["config"] == "policy-m" and r["cap_gib"] == 0]
+    sac = next(r for r in rep["runs"] if r["config"] == "sac-c")
+    opts = ",".join(k for k in costs if not k.startswith("fp8")) + ",bf16,laaq:nf4,laaq:int8,sac,ckpt,qckpt:nf4,qckpt:int8"
+    measured = {k: v for k, v in costs.items() if not k.startswith("fp8")}
+    G = 1 << 30
+    plan = plan_budget("llama2-7b", budget=int(139.8 * G), seq_len=32768, options=opts, measured=measured)
+    assert plan.mix == pol[0]["mix"] and abs(plan.peak_bytes - pol[0]["predicted_peak_bytes"]) < 1 << 20
+    ran = [c if i < 8 else c.replace("-c", "") for i, c in enumerate(plan.choices)]  # what actually ran
+    real = plan_for_choices("llama2-7b", ran, seq_len=32768, measured=measured)
+    assert real.peak_bytes > 139.8 * G > plan.peak_bytes
+    assert real.peak_bytes - plan.peak_bytes > 17 * 2.0e9  # the missing term: 17 x (bf16 - bf16-c), 6.38 - 4.32 GB
+    # with the corrected costs: the warm-up step (no gradients or optimizer state yet) fit, the timed step did not
+    fixed, _ = _lp().input_leaf_correction(rep["layer_profile"]["costs"], 4096, meta=rep["layer_profile"]["meta"])
+    real = plan_for_choices("llama2-7b", ran, seq_len=32768,
+                            measured={k: v for k, v in fixed["32768"].items() if not k.startswith("fp8")})
+    late = real.static["grads"] + real.static["optimizer"]
+    assert real.peak_bytes - late < 139.8 * G - (1 << 30) < 139.8 * G < real.peak_bytes
+    assert pol[0]["oom"] and pol[0]["first_step_s"] > 0  # the recorded warm-up finished
+    s = plan_for_choices("llama2-7b", ["sac-c"] * 32, seq_len=32768, loss="hf", measured=measured)
+    assert abs(s.peak_bytes / sac["peak_bytes"] - 1) < 0.002
+
+
+def test_old_profile_leaf_input_correction():
+    """A profile measured with a leaf layer input (before 2026-12-02) counted the input for methods that do not
+    keep it: corrected, their saved bytes equal the planner's byte-exact counts (LAAQ's formula, HF's plain layer,
+    the quantized checkpoint's input) within 1 KiB; ckpt/sac (which keep the input) are left alone; a profile
+    marked non-leaf is not touched."""
+    import json
+
+    from agoq_core.planner.budget import layer_options
+    from agoq_core.planner.model import model_shape
+
+    lp = _lp()
+    prof = json.loads((_RUN / "bench_layer_profile.json").read_text())
+    shape = model_shape("llama2-7b")
+    fixed, notes = lp.input_leaf_correction(prof["costs"], shape.hidden, meta=prof["meta"])
+    got, old = fixed["32768"], prof["costs"]["32768"]
+    ref = {o.name: o.saved_bytes for o in layer_options(shape, seq_len=32768,
+                                                        options=["bf16", "laaq:nf4", "laaq:int8", "qckpt:nf4", "ckpt"])}
+    for m in ("bf16", "laaq:nf4", "laaq:int8", "qckpt:nf4"):
+        assert abs(got[m]["saved_bytes"] - ref[m]) <= 1024, m
+    assert got["laaq-c:nf4"]["saved_bytes"] == got["laaq:nf4"]["saved_bytes"]
+    for m in ("ckpt", "sac-c", "bf16-c", "laaq-mlp-c:nf4"):
+        assert got[m] == old[m]
+    assert got["ckpt"]["saved_bytes"] == ref["ckpt"] and len(notes) == 5
+    assert lp.input_leaf_correction(prof["costs"], shape.hidden, meta={"input": lp.INPUT_NON_LEAF}) == (prof["costs"], [])
+
+
+def test_compile_watch_records_dynamo_falling_back_to_eager(bench):
+    """Past recompile_limit Dynamo runs the frame eagerly with a warning only: a row must say so."""
+    import torch
+
+    w = bench._CompileWatch()
+    try:
+        f = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
+        with torch._dynamo.config.patch(recompile_limit=1):
+            for n in (2, 3, 4):
+                f(torch.ones(n))
+        seen = w.take()
+        assert len(seen) == 1 and "recompile_limit" in seen[0] and w.take() == []
+    finally:
+        w.close()
+        torch._dynamo.reset()
