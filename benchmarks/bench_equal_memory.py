@@ -93,7 +93,8 @@ def parse(argv=None):
                          "configuration (= --caps N)")
     ap.add_argument("--batch", type=int, default=1, help="micro-batch (sequences per step) [1]")
     ap.add_argument("--layer-costs", default=None,
-                    help="bench_layer_profile.py JSON whose measured costs policy-m plans with (--quick runs it)")
+                    help="bench_layer_profile.py JSON(s), comma-separated, whose measured costs policy-m plans with "
+                         "(--quick runs the profile unless given)")
     ap.add_argument("--no-layer-profile", action="store_true", help="--quick without the per-layer profile")
     ap.add_argument("--steps", type=int, default=2, help="timed steps per point after one warm-up [2]")
     ap.add_argument("--layers", type=int, default=None, help="override the 32 decoder layers")
@@ -594,6 +595,29 @@ def _layer_profile(args, env) -> dict | None:
     return {"failed": f"exit {rc}: {err.strip().splitlines()[-1][:300] if err and err.strip() else ''}"}
 
 
+def _read_layer_costs(paths, hidden, reports=None) -> dict:
+    """bench_layer_profile JSONs (``--layer-costs A.json[,B.json]``: e.g. the 2026-12-01 32K profile and a 64K one
+    measured later) as one profile: the first file's report with ``costs`` merged over all (a later file's
+    (seq, method) wins), each file's saved bytes corrected for its own input (input_leaf_correction)."""
+    _use_checkout()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_layer_profile as lp
+
+    reports = reports if reports is not None else [json.loads(Path(p).read_text()) for p in paths.split(",") if p]
+    costs, notes = {}, []
+    for rep in reports:
+        c, n = lp.input_leaf_correction(rep.get("costs") or {}, hidden, meta=rep.get("meta"))
+        notes += n
+        for seq, by in c.items():
+            costs.setdefault(seq, {}).update(by)
+    out = dict(reports[0], costs=costs)
+    if len(reports) > 1:
+        out["merged_from"] = [p for p in paths.split(",") if p] if paths else len(reports)
+    if notes:
+        out["cost_corrections"] = notes
+    return out
+
+
 def _write_json(path, report):
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -725,20 +749,16 @@ def main(argv=None):
     path = args.json or (os.path.join(os.environ["OUT"], "bench_equal_memory.json") if os.environ.get("OUT") else None)
     layer_profile = None
     if args.layer_costs:
-        layer_profile = json.loads(Path(args.layer_costs).read_text())
+        layer_profile = _read_layer_costs(args.layer_costs, _shape(args.smoke, args.layers).hidden)
     elif args.quick and not args.no_layer_profile:
         layer_profile = _layer_profile(args, env)
+        if layer_profile.get("costs"):  # (this run's profile measures with a non-leaf input: nothing to correct)
+            layer_profile["costs"] = _read_layer_costs(None, _shape(args.smoke, args.layers).hidden,
+                                                       [layer_profile])["costs"]
     measured = (layer_profile or {}).get("costs")
-    if measured:  # a profile measured with a leaf input counted it for the methods that do not keep it
-        _use_checkout()
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        import bench_layer_profile as lp
-
-        measured, notes = lp.input_leaf_correction(measured, _shape(args.smoke, args.layers).hidden,
-                                                   meta=layer_profile.get("meta"))
-        if notes:
-            layer_profile["cost_corrections"] = notes
-            print(f"layer costs: {len(notes)} saved-byte corrections (profile measured with a leaf input)", flush=True)
+    if (layer_profile or {}).get("cost_corrections"):
+        print(f"layer costs: {len(layer_profile['cost_corrections'])} saved-byte corrections (profile measured "
+              "with a leaf input)", flush=True)
     for cell in _cells(args, measured):
         if budget_s is not None and time.time() - t_start > budget_s:
             skipped.append(f"{cell['config']}@{cell['cap_bytes'] / GIB:.0f}GiB: time budget {budget_s:.0f} s spent")

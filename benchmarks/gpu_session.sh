@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call, several benchmarks: each stage gets its own time limit and writes into $OUT.
 #   bash benchmarks/gpu_session.sh STAGE[:SECONDS] ...
-# Stages: conformance, laaq, quangrad, laaq-fusion, fusion, codecs, torchtitan, equal-memory, equal-memory-m, integrations,
+# Stages: conformance, laaq, quangrad, laaq-fusion, fusion, codecs, torchtitan, equal-memory, equal-memory-m,
+# layer-profile-64k, integrations,
 # grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests. Runs the repo in place via PYTHONPATH (the GPU
 # machine has torch + triton preinstalled and no network).
 set -u
@@ -29,9 +30,15 @@ for spec in "$@"; do
     torchtitan)  cmd=(python3 benchmarks/bench_torchtitan.py --budget-s $((secs - 30))) ;;  # needs .whl (docs/integrations.md)
     equal-memory) cmd=(python3 benchmarks/bench_equal_memory.py --quick --budget-s $((secs - 70))) ;;  # torchao wheel in .whl; 290 s: layer profile + 3 cells
     # issue 18: the --quick cells (policy-m whole device and 80 GiB cap, SAC / full / partial checkpointing compiled
-    # at 80 GiB) planned from the 2026-12-01 H200 per-layer profile instead of profiling again (~90 s saved)
-    equal-memory-m) cmd=(python3 benchmarks/bench_equal_memory.py --quick --cell-timeout-s 240 --budget-s $((secs - 170)) \
-                        --layer-costs docs/bench/h200-2026-12-01-s2/equal-memory/bench_layer_profile.json) ;;
+    # at 80 GiB) planned from the 2026-12-01 H200 per-layer profile instead of profiling again (~90 s saved), plus
+    # the 64K one if layer-profile-64k ran first in the same session
+    equal-memory-m) lc=docs/bench/h200-2026-12-01-s2/equal-memory/bench_layer_profile.json
+                    [ -f "$OUT/bench_layer_profile_64k.json" ] && lc="$lc,$OUT/bench_layer_profile_64k.json"
+                    cmd=(python3 benchmarks/bench_equal_memory.py --quick --cell-timeout-s 240 --budget-s $((secs - 170)) \
+                         --layer-costs "$lc") ;;
+    # one layer at 64K, the options an 80 GiB plan picks from (no kernel profile, 1 rep): policy-m's 64K costs
+    layer-profile-64k) cmd=(python3 benchmarks/bench_layer_profile.py --seqs 64K --methods bf16-c,laaq-c:nf4,ckpt-c,qckpt:nf4 \
+                            --no-profile --reps 1 --warmup 1 --budget-s $((secs - 40)) --json "$OUT/bench_layer_profile_64k.json") ;;
     integrations) cmd=(python3 benchmarks/bench_integrations.py) ;;   # CUDA autocast, eager vs compiled LAAQ
     grad-error)  cmd=(python3 benchmarks/bench_grad_error.py --budget-s $((secs - 40))) ;;  # LAAQ gradient error, 7B shapes
     mx-probe)    cmd=(python3 benchmarks/gpu_mx_reduce_probe.py) ;;

@@ -267,3 +267,20 @@ def test_compile_watch_records_dynamo_falling_back_to_eager(bench):
     finally:
         w.close()
         torch._dynamo.reset()
+
+
+def test_layer_costs_from_several_profiles(bench, tmp_path):
+    """--layer-costs A,B: costs merged per (seq, method), each file corrected for its own input."""
+    import json
+
+    old = {"meta": {"batch": 1}, "costs": {"100": {"laaq:nf4": {"saved_bytes": 5000, "transient_bytes": 1, "time_s": 1.0},
+                                                   "ckpt": {"saved_bytes": 800, "transient_bytes": 1, "time_s": 2.0}}}}
+    new = {"meta": {"input": "non-leaf"}, "costs": {"200": {"laaq:nf4": {"saved_bytes": 7000, "transient_bytes": 1,
+                                                                         "time_s": 3.0}}}}
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(old))
+    b.write_text(json.dumps(new))
+    rep = bench._read_layer_costs(f"{a},{b}", hidden=4)
+    assert rep["costs"]["100"]["laaq:nf4"]["saved_bytes"] == 5000 - 2 * 100 * 4  # old profile: leaf input off
+    assert rep["costs"]["100"]["ckpt"]["saved_bytes"] == 800 and rep["costs"]["200"]["laaq:nf4"]["saved_bytes"] == 7000
+    assert len(rep["cost_corrections"]) == 1 and rep["merged_from"] == [str(a), str(b)]
