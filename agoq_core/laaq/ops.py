@@ -8,7 +8,9 @@ same bits). The backend is looked up inside the op at run time, never while trac
 meters' listeners run there too, so kept tensors are reported from compiled code as from eager code.
 
 A FormatSpec travels as (name, block), the two fields ``get_format`` rebuilds it from; the backend as
-its name ("" = the auto-selected one); the layer as an int (-1 = none). ``torch.library.custom_op``
+its name ("" = the auto-selected one); the layer as an int (-1 = none; the traced path always passes -1:
+an int argument is a constant of the graph, so a per-layer index made every layer a new graph --
+agoq_core.laaq.traced._keep). ``torch.library.custom_op``
 and ``register_fake`` exist since torch 2.4 (the GPU machine runs 2.11, CI 2.13).
 
 Ops are registered on first use (:func:`ensure_registered`, called by ``laaq.apply``), not at
