@@ -412,7 +412,8 @@ def _policy_retry(state, res, static_late):
 
     Attempt 2 plans with more headroom: when the warm-up step completed (the OOM came with gradients and
     optimizer state allocated), by what the warm-up's measured peak exceeded the plan's prediction for it
-    (predicted peak minus gradients and optimizer state, ``static_late``), plus 1%; otherwise 5% more.
+    (predicted peak minus gradients and optimizer state, ``static_late``), plus 1% (at least 3% more);
+    otherwise 5% more.
     Attempt 3 (policy-m only) plans from the analytic eager options, checked on the H200 within 1.1%.
     Then the ladder ends."""
     n = state["attempts"] = state.get("attempts", 1) + 1
@@ -422,7 +423,7 @@ def _policy_retry(state, res, static_late):
         warm = res.get("warmup_peak_bytes")
         if warm and budget and pred:
             under = warm - (pred - static_late)
-            state["headroom"] = min(POLICY_HEADROOM[1], max(h + 0.01, h + under / budget + 0.01))
+            state["headroom"] = min(POLICY_HEADROOM[1], max(h + 0.03, h + under / budget + 0.01))
         else:
             state["headroom"] = min(POLICY_HEADROOM[1], h + 0.05)
         return state["headroom"] > h
