@@ -71,6 +71,7 @@ class CudaGeometry:
 
     who = "agoq-cuda"
     pure_plans = True  # plan() depends on its arguments only: the launcher caches the plans
+    fast_launch = True  # repeated calls launch the compiled kernel directly (Launcher's fast path; AGOQ_FAST_LAUNCH=0: off)
     nf4_lut = True  # one gather per element beats the 15-threshold search on sm_90 (agoq_triton_kernels.kernels)
     float64_via_float32 = True
 
