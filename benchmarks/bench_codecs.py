@@ -467,8 +467,10 @@ def main(argv=None) -> dict:
               "all_exact": bool(rows) and all(r["exact"] for r in rows + bucket) and not errors,
               "seconds": time.time() - t_start}
     harness.write_json(result, args.json, "bench_codecs")
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "bench_codecs.md"), "w") as f:
+    md = args.json[:-5] + ".md" if args.json and args.json.endswith(".json") else (
+        os.path.join(os.environ["OUT"], "bench_codecs.md") if os.environ.get("OUT") else None)
+    if md:  # beside the JSON (--json x.json -> x.md), else $OUT/bench_codecs.md
+        with open(md, "w") as f:
             f.write(markdown(result))
     print(f"all kernel outputs bit-exact with the reference: {result['all_exact']}  ({result['seconds']:.0f} s)")
     return result

@@ -2,8 +2,8 @@
 # One device call, several benchmarks: each stage gets its own time limit and writes into $OUT.
 #   bash benchmarks/gpu_session.sh STAGE[:SECONDS] ...
 # Stages: conformance, laaq, quangrad, laaq-fusion, fusion, codecs, torchtitan, equal-memory, integrations,
-# grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests. Runs the repo in place via PYTHONPATH (the GPU
-# machine has torch + triton preinstalled and no network).
+# grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host, dequant-tiles. Runs the repo in place
+# via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
 set -u
 source "$(dirname "$0")/gpu_env.sh"
 OUT=${OUT:-/tmp/agoq-out}; mkdir -p "$OUT"
@@ -25,6 +25,10 @@ for spec in "$@"; do
     quangrad)    cmd=(python3 benchmarks/bench_quangrad_gpu.py) ;;
     laaq-fusion) cmd=(bash -c 'for f in 0 1; do echo "AGOQ_FUSION=$f"; AGOQ_FUSION=$f python3 benchmarks/bench_laaq.py --methods laaq --seqs 16384 --ladder-methods "" --steps 3 --json "$OUT/bench_laaq_fusion$f.json" | grep -E "tok/s|^laaq "; done') ;;
     fusion)      cmd=(python3 benchmarks/bench_fusion.py) ;;
+    # issue 17: host us per eager accumulate_/quantize_into call, launcher normal path vs fast path (~20 s)
+    host)        cmd=(python3 benchmarks/bench_host.py) ;;
+    # issue 17: dequantize with the 16-lane tile off and on for every format, 1 GiB (picks agoq_cuda.launch.VEC16_DEFAULTS)
+    dequant-tiles) cmd=(python3 benchmarks/bench_codecs.py --sizes-mib 1024 --no-sweep --bucket-log2 0 --compile-formats --norm-tokens 0 --dequant-tiles both --deadline-s $((secs - 30)) --json "$OUT/bench_codecs_tiles.json") ;;
     codecs)      cmd=(python3 benchmarks/bench_codecs.py --sizes-mib 1024 --no-sweep --deadline-s $((secs - 30))) ;;
     torchtitan)  cmd=(python3 benchmarks/bench_torchtitan.py --budget-s $((secs - 30))) ;;  # needs .whl (docs/integrations.md)
     equal-memory) cmd=(python3 benchmarks/bench_equal_memory.py --quick --budget-s $((secs - 70))) ;;  # torchao wheel in .whl; 290 s: layer profile + 3 cells
