@@ -137,6 +137,29 @@ def test_mismatches_fall_back(device):
     assert fast.fast_hits == 2
 
 
+def test_a_replaced_kernel_is_not_bypassed(device, monkeypatch):
+    from agoq_triton_kernels import kernels as K
+
+    fast, _ = _launchers()
+    spec = get_format("fp8_e4m3")
+    x = _data(spec, spec.block, 0, device)
+    c, s = _buffers(spec, spec.block, device)
+    fast.quantize(x, spec, c, s)
+    calls = []
+    real = K.quantize_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                calls.append(grid)
+                return real[grid](*a, **kw)
+            return launch
+
+    monkeypatch.setattr(K, "quantize_kernel", Spy())
+    fast.quantize(x, spec, c, s)
+    assert calls and fast.fast_hits == 0
+
+
 def test_tensor_scaled_and_float64_take_the_normal_path(device):
     fast, _ = _launchers()
     spec = get_format("nvfp4")
