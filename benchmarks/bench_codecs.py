@@ -57,6 +57,10 @@ def _parse(argv):
     ap.add_argument("--bucket-log2", type=int, default=25,
                     help="QuanGrad bucket of 2**N elements (0 skips the section; --tiny uses 2**14)")
     ap.add_argument("--no-sweep", action="store_true", help="skip the launch-geometry sweep")
+    ap.add_argument("--dequant-tiles", choices=("default", "both"), default="default",
+                    help="both: also time dequantize with the 16-lane tile forced off and on (AGOQ_CUDA_VEC16 "
+                         "rules dequantize=0 / dequantize=1), rows 'dequantize vec16=0|1', to pick the per-format "
+                         "defaults (agoq_cuda.launch.VEC16_DEFAULTS) from one run")
     ap.add_argument("--deadline-s", type=float, default=330.0,
                     help="stop starting new measurements after this many seconds (rows left are marked)")
     harness.add_json_arg(ap, "bench_codecs")
@@ -141,6 +145,12 @@ def main(argv=None) -> dict:
             errors.append(f"{what}: {type(exc).__name__}: {str(exc)[:300]}")
             print(f"ERROR {errors[-1]}", flush=True)
     # ---- quantize / dequantize ----------------------------------------------------------------------------
+    tiles = ("0", "1") if args.dequant_tiles == "both" else ()
+    if tiles:
+        from agoq_cuda.launch import CudaGeometry
+        from agoq_triton_kernels.launch import Launcher
+
+        tile_launchers = {v: Launcher(CudaGeometry(vec16=f"dequantize={v}")) for v in tiles}
     for mib in sizes:
         n = mib * (1 << 20) // 2 // scale_div
         x = randn(n)
@@ -165,6 +175,13 @@ def main(argv=None) -> dict:
                 exact = same(out, ref.dequantize_blocks(codes, scales, spec, n, torch.bfloat16))
                 te = bench(lambda: ref.dequantize_blocks(codes, scales, spec, n, torch.bfloat16))
                 record("dequantize", fmt, mib, cb + 4 * nb + 2 * n, tk, te, exact)
+                for v in tiles:  # --dequant-tiles both: the same dequantize with each tile, in this run
+                    la = tile_launchers[v]
+                    tk = bench(lambda la=la: la.dequantize(codes, scales, spec, out))
+                    exact = same(out, ref.dequantize_blocks(codes, scales, spec, n, torch.bfloat16))
+                    applies = spec.block >= 16 and spec.block & (spec.block - 1) == 0
+                    record(f"dequantize vec16={v}", fmt, mib, cb + 4 * nb + 2 * n, tk, te, exact,
+                           vec16_applies=applies)
                 del out, codes, scales
 
             guarded(f"quantize/dequantize {fmt} {mib} MiB", qd)
@@ -432,6 +449,12 @@ def main(argv=None) -> dict:
               f"x{fz['speedup_vs_compiled_pair']:.2f} vs compiled norm + codec, codes exact {fz['codes_exact']}, "
               f"y within tolerance {fz['y_within_tolerance']} (max {fz['y_max_steps']} steps) "
               f"({100 * fz['y_fraction_differing']:.2f}% of y differ)")
+    tile_rows = dequant_tiles(rows)
+    if tile_rows:
+        print("dequantize tiles (% of copy): format MiB  vec16=0  vec16=1  -> faster")
+        for t in tile_rows:
+            print(f"  {t['fmt']:<10}{t['size_mib']:>6}{t['pct_copy_vec16_0']:8.1f}%{t['pct_copy_vec16_1']:8.1f}%  -> "
+                  f"{t['faster']}{'' if t['vec16_applies'] else ' (VEC16 does not apply: same tile)'}")
     for s in skipped:
         print(f"not run (deadline {args.deadline_s:.0f} s): {s}")
     for e in errors:
@@ -439,16 +462,36 @@ def main(argv=None) -> dict:
 
     env = harness.environment(dev)
     result = {"env": env, "copy": {"size_mib": max(sizes), "us": t_copy * 1e3, "gb_s": copy_gbs}, "rows": rows,
-              "compile": compile_info, "bucket": bucket, "sweep": sweep, "fused_rmsnorm": fused, "skipped": skipped,
+              "dequant_tiles": tile_rows, "compile": compile_info, "bucket": bucket, "sweep": sweep, "fused_rmsnorm": fused, "skipped": skipped,
               "errors": errors,
               "all_exact": bool(rows) and all(r["exact"] for r in rows + bucket) and not errors,
               "seconds": time.time() - t_start}
     harness.write_json(result, args.json, "bench_codecs")
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "bench_codecs.md"), "w") as f:
+    md = args.json[:-5] + ".md" if args.json and args.json.endswith(".json") else (
+        os.path.join(os.environ["OUT"], "bench_codecs.md") if os.environ.get("OUT") else None)
+    if md:  # beside the JSON (--json x.json -> x.md), else $OUT/bench_codecs.md
+        with open(md, "w") as f:
             f.write(markdown(result))
     print(f"all kernel outputs bit-exact with the reference: {result['all_exact']}  ({result['seconds']:.0f} s)")
     return result
+
+
+def dequant_tiles(rows: list[dict]) -> list[dict]:
+    """Per (format, size): dequantize's % of copy with the 16-lane tile off and on (``--dequant-tiles both``)."""
+    by = {}
+    for r in rows:
+        if r["op"].startswith("dequantize vec16="):
+            by.setdefault((r["fmt"], r["size_mib"]), {})[r["op"][-1]] = r
+    out = []
+    for (fmt, mib), d in by.items():
+        if set(d) != {"0", "1"}:
+            continue
+        p0, p1 = d["0"]["pct_copy"], d["1"]["pct_copy"]
+        out.append({"fmt": fmt, "size_mib": mib, "pct_copy_vec16_0": p0, "pct_copy_vec16_1": p1,
+                    "us_vec16_0": d["0"]["kernel_us"], "us_vec16_1": d["1"]["kernel_us"],
+                    "faster": "vec16=1" if p1 > p0 else "vec16=0", "vec16_applies": d["1"]["vec16_applies"],
+                    "exact": d["0"]["exact"] and d["1"]["exact"]})
+    return out
 
 
 def markdown(result: dict) -> str:
@@ -462,6 +505,13 @@ def markdown(result: dict) -> str:
         xc = "-" if r["speedup_vs_compile"] is None else f"{r['speedup_vs_compile']:.2f}"
         out.append(f"| {r['op']} | {r['fmt']} | {r['size_mib']} | {r['gb_s']:.0f} | {r['pct_copy']:.1f} | {xe} | {xc} "
                    f"| {'yes' if r['exact'] else 'NO'} |")
+    if result.get("dequant_tiles"):
+        out += ["", "| dequantize tile | format | MiB | vec16=0 % copy | vec16=1 % copy | faster | exact |",
+                "|---|---|---|---|---|---|---|"]
+        for t in result["dequant_tiles"]:
+            out.append(f"| dequantize | {t['fmt']} | {t['size_mib']} | {t['pct_copy_vec16_0']:.1f} | "
+                       f"{t['pct_copy_vec16_1']:.1f} | {t['faster'] if t['vec16_applies'] else 'n/a (same tile)'} | "
+                       f"{'yes' if t['exact'] else 'NO'} |")
     if result.get("bucket"):
         out += ["", "| QuanGrad bucket op | format | elements | graph us | % copy | one call us | % copy | exact |",
                 "|---|---|---|---|---|---|---|---|"]
@@ -479,11 +529,11 @@ def markdown(result: dict) -> str:
                [f"* ERROR: {x}" for x in result.get("errors", [])]
     if result.get("fused_rmsnorm"):
         out += ["", "| fused RMSNorm+quantize | tokens x hidden | us | % copy | x eager pair | x compiled pair | "
-                "codes exact | y within 1 bf16 rounding |", "|---|---|---|---|---|---|---|---|"]
+                "codes exact | y within tolerance |", "|---|---|---|---|---|---|---|---|"]
         for f in result["fused_rmsnorm"]:
             out.append(f"| {f['fmt']} | {f['tokens']}x{f['hidden']} | {f['fused_us']:.1f} | {f['pct_copy']:.0f} | "
                        f"{f['speedup_vs_eager_pair']:.2f} | {f['speedup_vs_compiled_pair']:.2f} | {f['codes_exact']} | "
-                       f"{f['y_within_one_bf16_rounding']} |")
+                       f"{f['y_within_tolerance']} |")
     return "\n".join(out) + "\n"
 
 

@@ -2,9 +2,8 @@
 # One device call, several benchmarks: each stage gets its own time limit and writes into $OUT.
 #   bash benchmarks/gpu_session.sh STAGE[:SECONDS] ...
 # Stages: conformance, laaq, quangrad, laaq-fusion, fusion, codecs, torchtitan, equal-memory, equal-memory-m,
-# layer-profile-64k, integrations,
-# grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests. Runs the repo in place via PYTHONPATH (the GPU
-# machine has torch + triton preinstalled and no network).
+# layer-profile-64k, integrations, grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host,
+# dequant-tiles. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
 set -u
 source "$(dirname "$0")/gpu_env.sh"
 OUT=${OUT:-/tmp/agoq-out}; mkdir -p "$OUT"
@@ -26,6 +25,10 @@ for spec in "$@"; do
     quangrad)    cmd=(python3 benchmarks/bench_quangrad_gpu.py) ;;
     laaq-fusion) cmd=(bash -c 'for f in 0 1; do echo "AGOQ_FUSION=$f"; AGOQ_FUSION=$f python3 benchmarks/bench_laaq.py --methods laaq --seqs 16384 --ladder-methods "" --steps 3 --json "$OUT/bench_laaq_fusion$f.json" | grep -E "tok/s|^laaq "; done') ;;
     fusion)      cmd=(python3 benchmarks/bench_fusion.py) ;;
+    # issue 17: host us per eager accumulate_/quantize_into call, launcher normal path vs fast path (~20 s)
+    host)        cmd=(python3 benchmarks/bench_host.py) ;;
+    # issue 17: dequantize with the 16-lane tile off and on for every format, 1 GiB (picks agoq_cuda.launch.VEC16_DEFAULTS)
+    dequant-tiles) cmd=(python3 benchmarks/bench_codecs.py --sizes-mib 1024 --no-sweep --bucket-log2 0 --compile-formats --norm-tokens 0 --dequant-tiles both --deadline-s $((secs - 30)) --json "$OUT/bench_codecs_tiles.json") ;;
     codecs)      cmd=(python3 benchmarks/bench_codecs.py --sizes-mib 1024 --no-sweep --deadline-s $((secs - 30))) ;;
     torchtitan)  cmd=(python3 benchmarks/bench_torchtitan.py --budget-s $((secs - 30))) ;;  # needs .whl (docs/integrations.md)
     equal-memory) cmd=(python3 benchmarks/bench_equal_memory.py --quick --budget-s $((secs - 70))) ;;  # torchao wheel in .whl; 290 s: layer profile + 3 cells
@@ -43,7 +46,7 @@ for spec in "$@"; do
     grad-error)  cmd=(python3 benchmarks/bench_grad_error.py --budget-s $((secs - 40))) ;;  # LAAQ gradient error, 7B shapes
     mx-probe)    cmd=(python3 benchmarks/gpu_mx_reduce_probe.py) ;;
     # the GPU-only arithmetic (hardware fp8, flush-to-zero ops, the FMA quotient) checked bit for bit on the device
-    kernel-tests) cmd=(python3 -m pytest -q -n 16 -p no:cacheprovider backends/cuda/tests/test_kernels_bitexact.py backends/cuda/tests/test_vec16.py backends/cuda/tests/test_mx_kernels.py) ;;
+    kernel-tests) cmd=(python3 -m pytest -q -n 16 -p no:cacheprovider backends/cuda/tests/test_kernels_bitexact.py backends/cuda/tests/test_vec16.py backends/cuda/tests/test_mx_kernels.py backends/cuda/tests/test_fast_launch.py backends/cuda/tests/test_vec16_choice.py) ;;
     fusion-elementwise) cmd=(bash -c 'python3 benchmarks/bench_fusion_elementwise.py && python3 -m pytest -q -p no:cacheprovider conformance_tests -k fused_elementwise --agoq-backend cuda | tail -3') ;;
     # agoq train on llama-1b, 2K x 4, 40 steps: baseline vs agoq vs each half (docs/benchmarks.md §9); AGOQ_FUSION from the caller
     train-split) cmd=(python3 -m agoq_core.cli.main train --device cuda --model llama-1b --seq-len 2048 --micro-batch 4 --steps 40 --eval-every 0 --eval-tokens 16384 --ablation laaq-only,quangrad-only --out-dir "$OUT/runs") ;;

@@ -28,6 +28,8 @@ class GradStorage:
         self.codes = [torch.full((p.code_bytes,), spec.zero_code, dtype=torch.uint8, device=device) for p in self.plans]
         self.scales = [torch.zeros(p.num_blocks, dtype=torch.float32, device=device) for p in self.plans]
         self.views: list[QuantizedTensor] = [self._view(s) for s in layout.slots]
+        # per slot, what fold_ needs on every call (issue 17: host time per hook call): numel, device, codes, scales
+        self._fold_args = [(v.numel, v.device, v.codes, v.scales) for v in self.views]
         self._folded: set[int] = set()          # parameters folded since the buffers were last zeroed
         self._checked: set[torch.dtype] = set()  # gradient dtypes the backend was asked about
 
@@ -52,21 +54,28 @@ class GradStorage:
         stay NaN/Inf), and it skips decoding the zeros. Called once per parameter per micro-batch from
         the gradient hook, so the backend's capabilities are checked once per gradient dtype, not per call.
         """
-        view = self.views[index]
+        numel, device, codes, scales = self._fold_args[index]
+        spec = self.layout.spec
         if g.dtype not in self._checked:
-            api.check_supported(self.backend, view.spec, view.device, "accumulate", g.dtype)
-            api.check_supported(self.backend, view.spec, view.device, "quantize", g.dtype)
+            api.check_supported(self.backend, spec, device, "accumulate", g.dtype)
+            api.check_supported(self.backend, spec, device, "quantize", g.dtype)
             self._checked.add(g.dtype)
-        if g.numel() != view.numel or g.device != view.device:
-            raise ValueError(f"GradStorage.fold_: parameter {self.layout.slots[index].name!r} holds {view.numel} "
-                             f"elements on {view.device}, got a gradient of {g.numel()} on {g.device}")
-        if not view.numel:
+        if g.numel() != numel or g.device != device:
+            raise ValueError(f"GradStorage.fold_: parameter {self.layout.slots[index].name!r} holds {numel} "
+                             f"elements on {device}, got a gradient of {g.numel()} on {g.device}")
+        if not numel:
             return
-        flat = g.detach().contiguous().reshape(-1)
+        # the flat view the backend takes, without a new tensor where none is needed (a 1-D contiguous gradient
+        # that is not part of a graph is passed as is)
+        if g.requires_grad:
+            g = g.detach()
+        if not g.is_contiguous():
+            g = g.contiguous()
+        flat = g if g.dim() == 1 else g.view(-1)
         if index in self._folded:
-            self.backend.accumulate_(view.codes, view.scales, view.spec, flat)
+            self.backend.accumulate_(codes, scales, spec, flat)
         else:
-            self.backend.quantize_into(flat, view.spec, view.codes, view.scales)
+            self.backend.quantize_into(flat, spec, codes, scales)
             self._folded.add(index)
 
     def zero_(self) -> None:

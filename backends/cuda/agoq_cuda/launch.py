@@ -10,6 +10,7 @@ size, warps, and whether the device may use hardware conversions (HW=True, sm_89
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -17,7 +18,7 @@ import torch
 from agoq_triton_kernels.launch import Launch, Launcher, is_interpreted
 from agoq_triton_kernels.layout import next_pow2
 
-__all__ = ["Geometry", "geometry", "CudaGeometry", "LAUNCHER", "quantize", "dequantize", "accumulate",
+__all__ = ["Geometry", "geometry", "CudaGeometry", "VEC16_DEFAULTS", "parse_vec16", "LAUNCHER", "quantize", "dequantize", "accumulate",
            "reduce_requantize", "is_interpreted"]
 
 
@@ -58,6 +59,40 @@ def geometry(block_p: int, n_blocks: int, device: torch.device, *, rows: int | N
     return Geometry(r, max(1, min(tiles, programs or _GPU_MAX_PROGRAMS)), warps)
 
 
+# The 16-lane tile per (op, format). The rule (CudaGeometry.vec16_for): every op where the kernel allows it (whole
+# power-of-two blocks >= 16), reduce_requantize only for 8-bit codes. The 2026-12-01 H200 run measured VEC16
+# dequantize slower for int4/int8/fp8/nf4/mxfp8 and faster for int5/int6/fp4/mxfp4/nvfp4 (docs/bench/codecs.md);
+# `bench_codecs.py --dequant-tiles both` times both tiles in one run. Entries here overrule the rule; empty until
+# that run has been read (the lead sets them).
+VEC16_DEFAULTS: dict[tuple[str, str], bool] = {}
+
+_OPS = ("quantize", "dequantize", "accumulate", "reduce_requantize")
+
+
+def parse_vec16(text: str | None) -> dict[tuple[str, str], bool | None]:
+    """AGOQ_CUDA_VEC16 / CudaGeometry(vec16=...): ``auto`` (default: the table, then the rule), ``0``, ``1``, or
+    comma-separated rules ``OP=V``, ``OP:FORMAT=V``, ``*:FORMAT=V`` (V in 0/1/auto), e.g.
+    ``dequantize=0`` or ``dequantize:int8=0,dequantize:int5=1``. The most specific rule wins. ``1`` turns the
+    tile on only where the kernel allows it."""
+    values = {"0": False, "off": False, "false": False, "1": True, "on": True, "true": True, "auto": None, "": None}
+    text = (text or "auto").strip().lower()
+    if text in values:
+        return {("*", "*"): values[text]}
+    rules: dict[tuple[str, str], bool | None] = {}
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        what, sep, val = part.partition("=")
+        op, _, fmt = what.strip().partition(":")
+        op, fmt, val = op.strip() or "*", fmt.strip() or "*", val.strip()
+        if not sep or val not in values or (op != "*" and op not in _OPS):
+            raise ValueError(f"AGOQ_CUDA_VEC16: cannot read {part!r}; want auto, 0, 1 or rules like "
+                             f"'dequantize=0' / 'dequantize:int8=1' (ops: {', '.join(_OPS)})")
+        rules[(op, fmt)] = values[val]
+    return rules
+
+
 @functools.cache
 def _hw_conversions(device: torch.device) -> bool:
     """HW=True kernels (hardware fp8/bf16 conversions, FMA quotient) need CUDA sm_89+ (fp8 cvt)."""
@@ -71,8 +106,26 @@ class CudaGeometry:
 
     who = "agoq-cuda"
     pure_plans = True  # plan() depends on its arguments only: the launcher caches the plans
+    fast_launch = True  # repeated calls launch the compiled kernel directly (Launcher's fast path; AGOQ_FAST_LAUNCH=0: off)
     nf4_lut = True  # one gather per element beats the 15-threshold search on sm_90 (agoq_triton_kernels.kernels)
     float64_via_float32 = True
+
+    def __init__(self, vec16: str | None = None):
+        """``vec16``: the tile rules (:func:`parse_vec16`); None reads AGOQ_CUDA_VEC16 (default ``auto``)."""
+        self.vec16_rules = parse_vec16(os.environ.get("AGOQ_CUDA_VEC16") if vec16 is None else vec16)
+
+    def vec16_for(self, op: str, spec) -> bool:
+        """Whether ``op`` on ``spec`` asks for the 16-lane tile (the launcher still checks the kernel's
+        conditions: whole power-of-two blocks >= 16, aligned code buffers)."""
+        r = self.vec16_rules
+        for k in ((op, spec.name), ("*", spec.name), (op, "*"), ("*", "*")):
+            if k in r and r[k] is not None:
+                return r[k]
+        d = VEC16_DEFAULTS.get((op, spec.name))
+        if d is not None:
+            return d
+        # sm_90 SASS: 4/5/6-bit reduce_requantize grew with the 16-lane tile (its unpacking is redone for every rank)
+        return op != "reduce_requantize" or spec.bits == 8
 
     def hw(self, device: torch.device, requested: bool | None) -> bool:
         """The device default, or False on request (tests run the portable path on a GPU)."""
@@ -86,9 +139,8 @@ class CudaGeometry:
              rows: int | None, programs: int | None) -> Launch:
         block_p = next_pow2(spec.block)
         nb = spec.num_blocks(numel)
-        # the 16-lane tile (codes packed and unpacked in registers); reduce_requantize only for 8-bit codes (sm_90
-        # SASS: 4/5/6-bit grew there, their unpacking is redone for every rank)
-        vec16 = block_p == spec.block >= 16 and (op != "reduce_requantize" or spec.bits == 8)
+        # the 16-lane tile (codes packed and unpacked in registers) where the kernel allows it and vec16_for asks
+        vec16 = block_p == spec.block >= 16 and self.vec16_for(op, spec)
         lanes = _GPU_TILE_LANES_5BIT_QUANTIZE if op == "quantize" and spec.bits == 5 and not vec16 else _GPU_TILE_LANES
         geo = geometry(block_p, nb, device, rows=rows, programs=programs, lanes=lanes)
         return Launch(grid=geo.programs, rows=geo.rows, block_p=block_p, n_tiles=-(-nb // geo.rows),

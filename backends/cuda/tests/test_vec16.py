@@ -29,6 +29,7 @@ def vec16_seen(monkeypatch):
         return run(kernel, la, args, consts, replan)
 
     monkeypatch.setattr(launch.LAUNCHER, "_run", spy)
+    monkeypatch.setattr(launch.LAUNCHER, "fast", False)  # on a GPU the fast path would launch past the spy
     return seen
 
 

@@ -17,6 +17,9 @@ always runs the portable arithmetic (HW=False).
 from __future__ import annotations
 
 import functools
+import inspect
+import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol
 
@@ -142,6 +145,77 @@ def _vec16(la: Launch, spec, ragged: bool, *codes: torch.Tensor, stride: int = 0
     return {"VEC16": True} if ok else {}
 
 
+# The direct-launch fast path (Launcher._fast_*): for each op, which positional kernel argument is the float
+# tensor, the code buffer and the scale buffer (the only arguments that change between calls of one key).
+_FAST_SLOTS = {"quantize": (0, 1, 2), "dequantize": (3, 0, 1), "accumulate": (3, 0, 1)}
+
+
+def _compiled_types() -> tuple:
+    """The handle types a real (not interpreted) Triton launch returns and the fast path can launch again."""
+    try:
+        from triton.compiler import CompiledKernel
+    except ImportError:  # pragma: no cover
+        return ()
+    return (CompiledKernel,)
+
+
+COMPILED_TYPES: tuple = ()
+"""Filled on first use from triton.compiler (tests add a stub type to run the real-mode path on CPU)."""
+
+
+def fast_launch_default() -> bool:
+    """AGOQ_FAST_LAUNCH=0 turns the direct-launch fast path off (default on)."""
+    return os.environ.get("AGOQ_FAST_LAUNCH", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+_FAST_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
+
+
+@functools.cache
+def _knobs():
+    from triton import knobs
+
+    return knobs
+
+
+def _hooked(hook) -> bool:
+    """Whether a Triton launch hook is set: Triton 3.6 keeps an always-present HookChain (empty: no hook);
+    older versions None."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def _driver():
+    from triton.runtime import driver
+
+    return driver.active
+
+
+def _compiled() -> tuple:
+    global COMPILED_TYPES
+    if not COMPILED_TYPES:
+        COMPILED_TYPES = _compiled_types()
+    return COMPILED_TYPES
+
+
+@dataclass(slots=True)
+class _FastEntry:
+    """One checked call signature: the compiled kernel to launch again and its full argument list (every
+    parameter of the kernel in signature order, constexprs included, as Triton's binder would pass them),
+    with the three buffer slots to fill per call."""
+
+    template: list
+    slots: tuple
+    grid: int
+    plan: Any
+    kernel: Any                   # the JITFunction (its pre_run_hooks are checked per call)
+    run: Any = None               # real mode: the CompiledKernel's launcher (CudaLauncher)
+    function: Any = None
+    packed_metadata: Any = None
+    device_index: int | None = None
+    options: dict | None = None   # interpreted mode (tests only): the launch options
+    keep: tuple = ()              # real mode: the tables (NF4 LUTs) whose addresses the template holds
+
+
 def ts_arg(ts: torch.Tensor | None) -> dict:
     return {} if ts is None else {"ts_ptr": ts}
 
@@ -164,6 +238,18 @@ class Launcher:
         # arguments, same Launch; agoq-ascend's learn from failures and are not cached), are computed once.
         self._formats: dict = {}
         self._plans: dict = {}
+        # The direct-launch fast path (issue 17): per checked call signature, the compiled kernel and its argument
+        # list, launched again without the checks, views, plan lookups and Triton's binder/specialization/cache
+        # lookup (JITFunction.run). Only for geometries that declare ``fast_launch`` (pure plans, Triton's NVIDIA
+        # launcher) and single-launch calls; anything the key does not cover takes the normal path.
+        self.fast = bool(getattr(geometry, "fast_launch", False)) and fast_launch_default()
+        self.fast_interpreted = False
+        """Tests: build entries under TRITON_INTERPRET too (launched through the interpreted kernel with the cached
+        argument list, so the list and the slot filling are checked bit for bit on CPU)."""
+        self.fast_hits = 0
+        self._interp = is_interpreted()
+        self._fast: dict = {}
+        self._tls = threading.local()  # .record: the launches of the current normal-path call, when recording
 
     def _format(self, spec, device: torch.device, hw: bool | None) -> dict:
         """The constexprs fixed for a whole call (checked before any launch: a bad block fails here)."""
@@ -201,7 +287,8 @@ class Launcher:
         retry with it (``replan(rows)`` plans the same piece with at most ``rows`` rows)."""
         while True:
             try:
-                kernel[(launch.grid,)](*args(launch), **consts(launch), **launch.options, enable_fp_fusion=False)
+                a, c = args(launch), consts(launch)
+                res = kernel[(launch.grid,)](*a, **c, **launch.options, enable_fp_fusion=False)
             except Exception as exc:  # noqa: BLE001  (the geometry decides which errors a smaller tile fixes)
                 retry = getattr(self.geometry, "retry_smaller", None)
                 smaller = retry(exc, launch, replan) if retry is not None and replan is not None else None
@@ -210,7 +297,120 @@ class Launcher:
                 launch = smaller
                 continue
             self.last_plans.append(launch.plan)
+            rec = getattr(self._tls, "record", None)
+            if rec is not None:
+                rec.append((kernel, launch, a, c, res))
             return
+
+    # ---- the direct-launch fast path (issue 17) ----------------------------------------------------------------
+    # A call's key holds everything that decides its launch and Triton's choice of compiled kernel: op, format,
+    # element count, the dtypes/sizes/devices of the three buffers (the normal path checked them when the entry
+    # was made), the overrides, the address of each buffer modulo 16 (Triton specializes pointers on 16-byte
+    # alignment; VEC16 needs 2- or 4-byte aligned codes), Triton's debug/instrumentation knobs and the current
+    # device. Contiguous buffers, one launch (<= 2**30 elements), no per-tensor scale, no launch-enter hook:
+    # otherwise the normal path runs (and makes no entry).
+
+    def _fast_key(self, op: str, spec, data: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+                  rows, programs, hw):
+        if not self.fast or (self._interp and not self.fast_interpreted):
+            return None
+        if not (data.is_contiguous() and codes.is_contiguous() and scales.is_contiguous()):
+            return None
+        if data.dtype not in _FAST_DTYPES or getattr(spec, "tensor_scaled", False):
+            return None
+        knobs = _knobs()
+        if _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
+            return None  # launch hooks (proton...) get their metadata from the normal path
+        n = data.numel()
+        if not n:
+            return None
+        return (op, spec, n, data.dtype, data.device, codes.dtype, codes.numel(), codes.device, scales.dtype,
+                scales.numel(), scales.device, rows, programs, hw, data.data_ptr() & 15, codes.data_ptr() & 15,
+                scales.data_ptr() & 15, knobs.runtime.debug, knobs.compilation.instrumentation_mode,
+                self._current_device())
+
+    def _current_device(self):
+        if self._interp:
+            return None
+        return _driver().get_current_device()
+
+    def _fast_launch(self, e: _FastEntry, kernel, data: torch.Tensor, codes: torch.Tensor,
+                     scales: torch.Tensor) -> bool:
+        """Launch entry ``e`` for these buffers; False (nothing launched) when ``kernel`` (the op's kernel now) is not
+        the one the entry was made with (replaced, e.g. by a test) or has pre-run hooks."""
+        if e.kernel is not kernel or (e.run is not None and kernel.pre_run_hooks):
+            return False
+        a = e.template.copy()
+        i, j, k = e.slots
+        if e.run is not None:
+            # what JITFunction.run does after its cache hit, with the binder's list made once: the launcher takes
+            # pointers as ints (it would call data_ptr() itself), constexprs are in the list and ignored
+            a[i], a[j], a[k] = data.data_ptr(), codes.data_ptr(), scales.data_ptr()
+            e.run(e.grid, 1, 1, _driver().get_current_stream(e.device_index), e.function, e.packed_metadata, None,
+                  None, None, *a)
+        else:  # interpreted (tests): the kernel called with the cached list, buffers as the normal path passes them
+            a[i] = float_view(data.reshape(-1), "fast path")[0]
+            a[j], a[k] = codes.view(torch.int8), scales
+            e.kernel[(e.grid,)](*a, **e.options)
+        self.last_plans = [e.plan]
+        self.fast_hits += 1
+        return True
+
+    def _recorded(self, key, op: str, normal, data, codes, scales) -> None:
+        """Run ``normal()`` (the normal path) recording its launches; make an entry for ``key`` when it launched
+        exactly once through a kernel the fast path can launch again."""
+        self._tls.record = rec = []
+        try:
+            normal()
+        finally:
+            self._tls.record = None
+        if len(rec) != 1 or len(self._fast) >= 4096:
+            return
+        kernel, la, a, c, res = rec[0]
+        i, j, k = slots = _FAST_SLOTS[op]
+        # the one launch covered the whole buffers (not pieces of them)
+        if a[i].data_ptr() != data.data_ptr() or a[j].data_ptr() != codes.data_ptr() or \
+                a[k].data_ptr() != scales.data_ptr():
+            return
+        try:
+            e = self._entry(kernel, la, a, c, res, slots)
+        except Exception:  # noqa: BLE001  (the call itself succeeded: without an entry it stays on the normal path)
+            e = None
+        if e is not None:
+            self._fast[key] = e
+
+    def _entry(self, kernel, la: Launch, a, c, res, slots) -> _FastEntry | None:
+        options = {**la.options, "enable_fp_fusion": False}
+        if isinstance(res, _compiled()) and getattr(kernel, "device_caches", None) is not None \
+                and not getattr(kernel, "pre_run_hooks", None):
+            dev = _driver().get_current_device()
+            binder = kernel.device_caches[dev][4]
+            bound, _, _ = binder(*a, **c, **options)  # Triton's own argument list for this launch
+            template = list(bound.values())
+            keep = tuple(v for idx, v in enumerate(template) if idx not in slots and isinstance(v, torch.Tensor))
+            # the tables go as their addresses too (the launcher would ask the driver about each pointer per launch)
+            template = [v.data_ptr() if idx not in slots and isinstance(v, torch.Tensor) else v
+                        for idx, v in enumerate(template)]
+            e = _FastEntry(template=template, slots=slots, grid=la.grid, plan=la.plan, kernel=kernel, run=res.run,
+                           function=res.function, packed_metadata=res.packed_metadata, device_index=dev, keep=keep)
+        elif self.fast_interpreted and is_interpreted(kernel):
+            params = inspect.signature(kernel.fn).parameters
+            template = []
+            for idx, (name, p) in enumerate(params.items()):
+                if idx < len(a):
+                    template.append(a[idx])
+                elif name in c:
+                    template.append(c[name])
+                elif p.default is not inspect.Parameter.empty:
+                    template.append(p.default)
+                else:
+                    return None
+            e = _FastEntry(template=template, slots=slots, grid=la.grid, plan=la.plan, kernel=kernel, options=options)
+        else:
+            return None
+        for s_ in slots:
+            template[s_] = None  # the entry must not keep this call's buffers alive
+        return e
 
     def tensor_scale(self, spec, x: torch.Tensor, *, programs: int | None = None) -> torch.Tensor | None:
         """NVFP4's [S, RN(1/S)] for ``x`` (None for other formats), bit-identical to the reference: one pass of
@@ -249,6 +449,17 @@ class Launcher:
     def quantize(self, x: torch.Tensor, spec, codes: torch.Tensor, scales: torch.Tensor, *,
                  rows: int | None = None, programs: int | None = None, hw: bool | None = None) -> None:
         """x flat [N] -> codes uint8[code_bytes(N)], scales fp32[NB]."""
+        key = self._fast_key("quantize", spec, x, codes, scales, rows, programs, hw)
+        if key is None:
+            return self._quantize(x, spec, codes, scales, rows=rows, programs=programs, hw=hw)
+        e = self._fast.get(key)
+        if e is not None and self._fast_launch(e, K.quantize_kernel, x, codes, scales):
+            return None
+        self._recorded(key, "quantize", lambda: self._quantize(x, spec, codes, scales, rows=rows, programs=programs,
+                                                               hw=hw), x, codes, scales)
+        return None
+
+    def _quantize(self, x, spec, codes, scales, *, rows, programs, hw) -> None:
         n = x.numel()
         check_codec_buffers(spec, n, codes, scales, x.device, "quantize")
         xv, xk, io = self._float_in(x, "quantize")
@@ -269,6 +480,17 @@ class Launcher:
     def dequantize(self, codes: torch.Tensor, scales: torch.Tensor, spec, out: torch.Tensor, *,
                    rows: int | None = None, programs: int | None = None, hw: bool | None = None) -> None:
         """codes + scales -> out flat [N] (fp32, bf16 or fp16)."""
+        key = self._fast_key("dequantize", spec, out, codes, scales, rows, programs, hw)
+        if key is None:
+            return self._dequantize(codes, scales, spec, out, rows=rows, programs=programs, hw=hw)
+        e = self._fast.get(key)
+        if e is not None and self._fast_launch(e, K.dequantize_kernel, out, codes, scales):
+            return None
+        self._recorded(key, "dequantize", lambda: self._dequantize(codes, scales, spec, out, rows=rows,
+                                                                   programs=programs, hw=hw), out, codes, scales)
+        return None
+
+    def _dequantize(self, codes, scales, spec, out, *, rows, programs, hw) -> None:
         n = out.numel()
         check_codec_buffers(spec, n, codes, scales, out.device, "dequantize")
         ov, ok = float_view(out.reshape(-1), "dequantize", self.geometry.who)
@@ -287,6 +509,17 @@ class Launcher:
     def accumulate(self, codes: torch.Tensor, scales: torch.Tensor, spec, g: torch.Tensor, *,
                    rows: int | None = None, programs: int | None = None, hw: bool | None = None) -> None:
         """In place: (codes, scales) <- Q(D(codes, scales) + g), g flat [N] (fp32, bf16, fp16)."""
+        key = self._fast_key("accumulate", spec, g, codes, scales, rows, programs, hw)
+        if key is None:
+            return self._accumulate(codes, scales, spec, g, rows=rows, programs=programs, hw=hw)
+        e = self._fast.get(key)
+        if e is not None and self._fast_launch(e, K.accumulate_kernel, g, codes, scales):
+            return None
+        self._recorded(key, "accumulate", lambda: self._accumulate(codes, scales, spec, g, rows=rows,
+                                                                   programs=programs, hw=hw), g, codes, scales)
+        return None
+
+    def _accumulate(self, codes, scales, spec, g, *, rows, programs, hw) -> None:
         n = g.numel()
         _block_local(spec, "accumulate_")
         check_codec_buffers(spec, n, codes, scales, g.device, "accumulate_")
