@@ -18,8 +18,8 @@ import torch
 from agoq_triton_kernels.launch import Launch, Launcher, is_interpreted
 from agoq_triton_kernels.layout import next_pow2
 
-__all__ = ["Geometry", "geometry", "CudaGeometry", "VEC16_DEFAULTS", "parse_vec16", "LAUNCHER", "quantize", "dequantize", "accumulate",
-           "reduce_requantize", "is_interpreted"]
+__all__ = ["Geometry", "geometry", "CudaGeometry", "VEC16_DEFAULTS", "parse_vec16", "LAUNCHER", "quantize",
+           "dequantize", "accumulate", "reduce_requantize", "is_interpreted"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +62,12 @@ def geometry(block_p: int, n_blocks: int, device: torch.device, *, rows: int | N
 # The 16-lane tile per (op, format). The rule (CudaGeometry.vec16_for): every op where the kernel allows it (whole
 # power-of-two blocks >= 16), reduce_requantize only for 8-bit codes. The 2026-12-01 H200 run measured VEC16
 # dequantize slower for int4/int8/fp8/nf4/mxfp8 and faster for int5/int6/fp4/mxfp4/nvfp4 (docs/bench/codecs.md);
-# `bench_codecs.py --dequant-tiles both` times both tiles in one run. Entries here overrule the rule; empty until
-# that run has been read (the lead sets them).
-VEC16_DEFAULTS: dict[tuple[str, str], bool] = {}
+# `bench_codecs.py --dequant-tiles both` timed both tiles in one run on 2026-12-02 (1 GiB, % of copy bandwidth,
+# generic / 16-lane): int4 93.3/82.5, int8 96.0/91.0, nf4 60.7/55.2, fp8_e4m3 97.6/85.3, fp8_e5m2 97.6/85.4,
+# mxfp8 98.0/87.7, nvfp4 96.7/91.5 -> generic; int5 84.5/91.8, int6 77.1/88.6, fp4_e2m1 84.0/89.3, mxfp4
+# 87.7/90.8 -> 16-lane (the rule). Entries here overrule the rule.
+VEC16_DEFAULTS: dict[tuple[str, str], bool] = {
+    ("dequantize", f): False for f in ("int4", "int8", "nf4", "fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4")}
 
 _OPS = ("quantize", "dequantize", "accumulate", "reduce_requantize")
 

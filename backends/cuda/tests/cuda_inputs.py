@@ -74,9 +74,9 @@ def special_blocks(spec: FormatSpec, block: int, seed: int) -> torch.Tensor:
 
 
 def assert_bits_equal(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
-    """Bit equality on the CPU; NaN matches NaN (payloads are not part of the contract)."""
+    """Bit equality on the CPU (both sides moved there); NaN matches NaN (payloads are not part of the contract)."""
     got = got.detach().cpu().contiguous()
-    want = want.detach().contiguous()
+    want = want.detach().cpu().contiguous()  # either side may live on the GPU
     assert got.dtype == want.dtype and got.shape == want.shape, (what, got.dtype, got.shape, want.dtype, want.shape)
     if got.dtype.is_floating_point:
         gn, wn = torch.isnan(got), torch.isnan(want)

@@ -134,14 +134,21 @@ def _scale_and_inverse(s: torch.Tensor) -> torch.Tensor:
     return torch.stack([s, inv])
 
 
-def _vec16(la: Launch, spec, ragged: bool, *codes: torch.Tensor, stride: int = 0) -> dict:
-    """{"VEC16": True} where the geometry asks for the 16-lane quantize tile and this piece allows it: whole
-    power-of-two blocks of >= 16 elements, and code buffers (and reduce_requantize's rank stride) aligned for
-    the packed loads and stores (4-bit, 6-bit: int32; 5-bit: int16). Otherwise nothing (the generic tile)."""
+def _vec16(la: Launch, spec, ragged: bool, *codes: torch.Tensor, stride: int = 0, op: str = "") -> dict:
+    """{"VEC16": True} where the geometry asks for the 16-lane tile and this piece allows it: whole power-of-two
+    blocks of >= 16 elements, and code buffers (and reduce_requantize's rank stride) aligned for the packed
+    loads and stores: 4- and 6-bit codes move as int32 words, 5-bit as int16; 8-bit codes are read as bytes
+    (any address) but written as int32 words (kernels._store_codes16), so the buffer an op writes (the last of
+    ``codes``; dequantize writes none) must be 4-byte aligned. Otherwise nothing (the generic tile). (Until the
+    H200 run of 2026-12-02 an odd 8-bit buffer took the tile and the store raised "misaligned address": the
+    interpreter cannot see alignment.)"""
     if not la.vec16 or ragged or la.block_p != spec.block or spec.block < 16:
         return {}
-    align = {4: 4, 6: 4, 5: 2, 8: 1}[spec.bits]
-    ok = all(c.data_ptr() % align == 0 for c in codes) and stride % align == 0
+    if spec.bits == 8:
+        ok = op == "dequantize" or codes[-1].data_ptr() % 4 == 0
+    else:
+        align = {4: 4, 6: 4, 5: 2}[spec.bits]
+        ok = all(c.data_ptr() % align == 0 for c in codes) and stride % align == 0
     return {"VEC16": True} if ok else {}
 
 
@@ -474,7 +481,7 @@ class Launcher:
             self._run(K.quantize_kernel, self._first(replan, rows),
                       lambda la: (xv[off:off + m], cpiece, scales[soff:soff + nb], m, nb, la.n_tiles),
                       lambda la: {**self._consts(f, la, ragged), "X_FLOAT": xk, "elut_ptr": elut, **ts_arg(ts),
-                                  **_vec16(la, spec, ragged, cpiece)},
+                                  **_vec16(la, spec, ragged, cpiece, op="quantize")},
                       replan)
 
     def dequantize(self, codes: torch.Tensor, scales: torch.Tensor, spec, out: torch.Tensor, *,
@@ -503,7 +510,8 @@ class Launcher:
             cpiece = cv[boff:boff + spec.code_bytes(m)]
             self._run(K.dequantize_kernel, self._first(replan, rows),
                       lambda la: (cpiece, scales[soff:soff + nb], lut, ov[off:off + m], m, nb, la.n_tiles),
-                      lambda la: {**self._consts(f, la, ragged), "OUT_FLOAT": ok, **_vec16(la, spec, ragged, cpiece)},
+                      lambda la: {**self._consts(f, la, ragged), "OUT_FLOAT": ok,
+                                  **_vec16(la, spec, ragged, cpiece, op="dequantize")},
                       replan)
 
     def accumulate(self, codes: torch.Tensor, scales: torch.Tensor, spec, g: torch.Tensor, *,
@@ -534,7 +542,7 @@ class Launcher:
             self._run(K.accumulate_kernel, self._first(replan, rows),
                       lambda la: (cpiece, scales[soff:soff + nb], lut, gv[off:off + m], m, nb, la.n_tiles),
                       lambda la: {**self._consts(f, la, ragged), "G_FLOAT": gk, "elut_ptr": elut,
-                                  **_vec16(la, spec, ragged, cpiece)}, replan)
+                                  **_vec16(la, spec, ragged, cpiece, op="accumulate")}, replan)
 
     def reduce_requantize(self, codes: torch.Tensor, scales: torch.Tensor, spec, numel: int,
                           codes_out: torch.Tensor, scales_out: torch.Tensor, *, rows: int | None = None,
@@ -560,5 +568,6 @@ class Launcher:
                       lambda la: (cv[:, boff:boff + cb], scales[:, soff:soff + nb], lut, cov[boff:boff + cb],
                                   scales_out[soff:soff + nb], m, nb, la.n_tiles, w, codes.stride(0), scales.stride(0)),
                       lambda la: {**self._consts(f, la, ragged), "elut_ptr": elut,
-                                  **_vec16(la, spec, ragged, cv[:, boff:], cov[boff:], stride=codes.stride(0))},
+                                  **_vec16(la, spec, ragged, cv[:, boff:], cov[boff:], stride=codes.stride(0),
+                                           op="reduce_requantize")},
                       replan)
