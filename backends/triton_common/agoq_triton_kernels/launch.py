@@ -419,6 +419,19 @@ class Launcher:
             template[s_] = None  # the entry must not keep this call's buffers alive
         return e
 
+    def _dispatch(self, op: str, kernel, spec, data: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+                  rows, programs, hw, normal) -> None:
+        """Launch this call from its fast-path entry if one exists and applies, else run ``normal()`` (the checked
+        path), recording its launch as the entry for the call's key when it can be one."""
+        key = self._fast_key(op, spec, data, codes, scales, rows, programs, hw)
+        if key is None:
+            normal()
+            return
+        e = self._fast.get(key)
+        if e is not None and self._fast_launch(e, kernel, data, codes, scales):
+            return
+        self._recorded(key, op, normal, data, codes, scales)
+
     def tensor_scale(self, spec, x: torch.Tensor, *, programs: int | None = None) -> torch.Tensor | None:
         """NVFP4's [S, RN(1/S)] for ``x`` (None for other formats), bit-identical to the reference: one pass of
         absmax_kernel over x (per-program partial maxima, then their max with torch), then the reference's
@@ -456,15 +469,8 @@ class Launcher:
     def quantize(self, x: torch.Tensor, spec, codes: torch.Tensor, scales: torch.Tensor, *,
                  rows: int | None = None, programs: int | None = None, hw: bool | None = None) -> None:
         """x flat [N] -> codes uint8[code_bytes(N)], scales fp32[NB]."""
-        key = self._fast_key("quantize", spec, x, codes, scales, rows, programs, hw)
-        if key is None:
-            return self._quantize(x, spec, codes, scales, rows=rows, programs=programs, hw=hw)
-        e = self._fast.get(key)
-        if e is not None and self._fast_launch(e, K.quantize_kernel, x, codes, scales):
-            return None
-        self._recorded(key, "quantize", lambda: self._quantize(x, spec, codes, scales, rows=rows, programs=programs,
-                                                               hw=hw), x, codes, scales)
-        return None
+        self._dispatch("quantize", K.quantize_kernel, spec, x, codes, scales, rows, programs, hw,
+                       lambda: self._quantize(x, spec, codes, scales, rows=rows, programs=programs, hw=hw))
 
     def _quantize(self, x, spec, codes, scales, *, rows, programs, hw) -> None:
         n = x.numel()
@@ -487,15 +493,8 @@ class Launcher:
     def dequantize(self, codes: torch.Tensor, scales: torch.Tensor, spec, out: torch.Tensor, *,
                    rows: int | None = None, programs: int | None = None, hw: bool | None = None) -> None:
         """codes + scales -> out flat [N] (fp32, bf16 or fp16)."""
-        key = self._fast_key("dequantize", spec, out, codes, scales, rows, programs, hw)
-        if key is None:
-            return self._dequantize(codes, scales, spec, out, rows=rows, programs=programs, hw=hw)
-        e = self._fast.get(key)
-        if e is not None and self._fast_launch(e, K.dequantize_kernel, out, codes, scales):
-            return None
-        self._recorded(key, "dequantize", lambda: self._dequantize(codes, scales, spec, out, rows=rows,
-                                                                   programs=programs, hw=hw), out, codes, scales)
-        return None
+        self._dispatch("dequantize", K.dequantize_kernel, spec, out, codes, scales, rows, programs, hw,
+                       lambda: self._dequantize(codes, scales, spec, out, rows=rows, programs=programs, hw=hw))
 
     def _dequantize(self, codes, scales, spec, out, *, rows, programs, hw) -> None:
         n = out.numel()
@@ -517,15 +516,8 @@ class Launcher:
     def accumulate(self, codes: torch.Tensor, scales: torch.Tensor, spec, g: torch.Tensor, *,
                    rows: int | None = None, programs: int | None = None, hw: bool | None = None) -> None:
         """In place: (codes, scales) <- Q(D(codes, scales) + g), g flat [N] (fp32, bf16, fp16)."""
-        key = self._fast_key("accumulate", spec, g, codes, scales, rows, programs, hw)
-        if key is None:
-            return self._accumulate(codes, scales, spec, g, rows=rows, programs=programs, hw=hw)
-        e = self._fast.get(key)
-        if e is not None and self._fast_launch(e, K.accumulate_kernel, g, codes, scales):
-            return None
-        self._recorded(key, "accumulate", lambda: self._accumulate(codes, scales, spec, g, rows=rows,
-                                                                   programs=programs, hw=hw), g, codes, scales)
-        return None
+        self._dispatch("accumulate", K.accumulate_kernel, spec, g, codes, scales, rows, programs, hw,
+                       lambda: self._accumulate(codes, scales, spec, g, rows=rows, programs=programs, hw=hw))
 
     def _accumulate(self, codes, scales, spec, g, *, rows, programs, hw) -> None:
         n = g.numel()
