@@ -47,9 +47,14 @@ EXACT_OPTIONS = {
 }
 
 
+def _env_off(name: str) -> bool:
+    """Whether environment variable ``name`` is set to 0/false/off/no (unset: on)."""
+    return os.environ.get(name, "1").strip().lower() in ("0", "false", "off", "no")
+
+
 def compiler_status() -> tuple[bool, str]:
     """(compile?, why): whether codecs go through Inductor's C++ backend here. Cheap: no torch._inductor."""
-    if os.environ.get(ENV_COMPILE, "1").strip().lower() in ("0", "false", "off", "no"):
+    if _env_off(ENV_COMPILE):
         return False, f"{ENV_COMPILE}=0: codecs run eagerly (same bits, slower)"
     cxx = os.environ.get("CXX") or ("clang++" if sys.platform == "darwin" else "g++")
     path = shutil.which(cxx)
@@ -189,17 +194,14 @@ class _Variant:
             self.eager(*args)
             return
         if self.ready:
-            if not self.owner.compile:
+            d = self.direct
+            # The direct path only where no Dynamo frame hook is active (not inside another torch.compile'd
+            # function, traced or running: there the plain call is what Dynamo must see).
+            if d is None or torch.compiler.is_compiling() or not _no_frame_hook():
                 self.fn(*args)
-                return
-            # Only where no Dynamo frame hook is active (not inside another torch.compile'd function, traced or
-            # running): there the plain call is what Dynamo must see.
-            if self.direct is not None and not torch.compiler.is_compiling() and _no_frame_hook() \
-                    and self.direct(args):
-                return
-            self.fn(*args)
-            if self.owner.direct and not torch.compiler.is_compiling():
-                self.direct = _Direct.build(self.fn)  # picks up an entry Dynamo may just have added
+            elif not d(args):  # the guards rejected these arguments: Dynamo picks or compiles an entry
+                self.fn(*args)
+                self.direct = _Direct.build(self.fn) or d  # with the entry it may just have added
             return
         for i, d in self.dynamic_dims:
             torch._dynamo.mark_dynamic(args[i], d)
@@ -216,8 +218,8 @@ class _Variant:
                 "AGOQ_BACKEND=reference.") from exc
         self.ready = True
         self.owner._compiled(self.label, time.perf_counter() - t0)
-        if self.owner.direct:
-            self.direct = _Direct.build(self.fn)
+        if self.owner.compile and self.owner.direct:
+            self.direct = _Direct.build(self.fn)  # None (never retried) where torch's internals differ
 
 
 class Compiler:
@@ -227,8 +229,7 @@ class Compiler:
         ok, why = compiler_status()
         self.compile = ok if compile is None else compile
         # Call compiled entries past Dynamo's frame hook (_Direct); AGOQ_CPU_DIRECT=0 turns it off.
-        self.direct = (os.environ.get(ENV_DIRECT, "1").strip().lower() not in ("0", "false", "off", "no")
-                       if direct is None else direct)
+        self.direct = not _env_off(ENV_DIRECT) if direct is None else direct
         self.reason = why if compile is None else ("forced " + ("on" if compile else "off"))
         self.quiet = quiet
         self.compile_seconds = 0.0
