@@ -22,7 +22,8 @@ Methods (``--methods``):
   ckpt, ckpt-c      full checkpointing (non-reentrant checkpoint_wrapper)
   laaq:F, laaq-c:F  LAAQ on this layer, every role in format F (nf4, int8, ...); -c compiles around it
   laaq-mlp[-c]:F    LAAQ on the MLP half only (post-attention norm + gated MLP), attention half as is
-  qckpt:F           QuantizedCheckpoint (layer input kept in F, layer recomputed)
+  qckpt:F, qckpt-c:F  QuantizedCheckpoint (layer input kept in F, layer recomputed); -c compiles the layer
+                    inside the wrapper (as apply_policy does)
   fp8-M             torchao float8 (tensorwise) on every Linear, then method M (fp8-bf16-c, fp8-sac-c: the
                     issue's bar, compiled float8 + SAC); CUDA SM89+, emulated on CPU
   fp8attn+M         float8 on q/k/v/o only, then M (fp8attn+laaq-c:nf4: LAAQ on the norms and the MLP of the
@@ -236,6 +237,9 @@ def make(method: str, base, compile_backend: str):
     elif kind == "qckpt":
         from agoq_core.laaq.qcheckpoint import QuantizedCheckpoint
 
+        if compiled:  # the layer inside, as apply_policy compiles qckpt-c (the wrapper would graph-break)
+            layer.compile(backend=compile_backend, dynamic=False)
+            compiled = False
         mod = QuantizedCheckpoint(layer, fmt, layer_index=0)
     else:
         raise SystemExit(f"unknown method {method!r}; see --help")

@@ -12,7 +12,11 @@ quantized role in FMT, the attention core 16-bit); ``ckpt`` wraps it in torch's 
 (non-reentrant torch.utils.checkpoint); ``laaq-mlp:FMT`` converts only the MLP half (post-attention norm and
 gated MLP; the attention half stays as it is); ``sac`` wraps it the same way with torchtitan's op-level selective
 checkpointing policy (:func:`sac_context_fn`: the outputs of every other GEMM and of the attention kernel are
-kept, the rest recomputed); ``qckpt:FMT`` wraps it in :class:`QuantizedCheckpoint`. Wrappers
+kept, the rest recomputed); ``qckpt:FMT`` wraps it in :class:`QuantizedCheckpoint`. A kind ending in ``-c`` is
+``torch.compile``'d layer by layer; for ``qckpt-c:FMT`` that is the wrapped layer (its forward runs compiled
+without grad in forward and compiled with grad when backward recomputes it: two graphs shared by every such
+layer), not the wrapper, whose autograd function, RNG bookkeeping and codec calls Dynamo would split into a
+dozen graph breaks and run the layer eagerly between them. Wrappers
 keep state_dict keys (parameter names seen from the root gain ``_checkpoint_wrapped_module.``, as with
 torch's checkpoint_wrapper). With a plan made for the chunked loss, the final norm is
 converted too (LAAQ nf4), so ``chunked_linear_cross_entropy(model.model(ids).last_hidden_state, ...)``
@@ -187,9 +191,12 @@ def apply_policy(model: nn.Module, plan: Any, *, convert_final_norm: bool | None
                 parent._modules[attr] = checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT, **kw)
                 report._wrapped.append((parent, attr, layer))
             elif kind == "qckpt":
+                if compiled:  # the wrapped layer, not the wrapper: see compile_target()
+                    layer.compile(backend=compile_backend)
+                    report._compiled.append(layer)
                 parent._modules[attr] = QuantizedCheckpoint(layer, fmt, layer_index=i, backend=backend)
                 report._wrapped.append((parent, attr, layer))
-            if compiled:
+            if compiled and kind != "qckpt":
                 mod = parent._modules[attr]
                 mod.compile(backend=compile_backend)
                 report._compiled.append(mod)

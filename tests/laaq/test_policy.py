@@ -218,3 +218,34 @@ def test_laaq_mlp_option_converts_only_the_mlp_half():
     assert "forward" not in model.model.layers[0].mlp.__dict__
     l2, g2 = grads(model, ids)
     assert torch.equal(l0, l2) and all(torch.equal(g0[n], g2[n]) for n in g0)
+
+
+def test_compiled_quantized_checkpoint_compiles_the_layer_not_the_wrapper():
+    """``qckpt-c:FMT`` compiles the decoder layer inside the wrapper: Dynamo sees two whole-layer graphs
+    (the forward without grad, the recomputation with grad) shared by every such layer, no graph break,
+    and the gradients are the eager ``qckpt`` ones (the eager compile backend changes no value)."""
+    import torch._dynamo
+    from torch._dynamo.testing import CompileCounter
+
+    ids = batch(b=2, s=64)
+    ref = tiny_model("llama", layers=3, hidden=128, intermediate=344)
+    rep0 = apply_policy(ref, ["qckpt:int8"] * 3, convert_final_norm=False)
+    l0, g0 = grads(ref, ids)
+    g0 = _named(g0)
+    rep0.undo()
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    model = tiny_model("llama", layers=3, hidden=128, intermediate=344)
+    rep = apply_policy(model, ["qckpt-c:int8"] * 3, convert_final_norm=False, compile_backend=counter)
+    assert rep.choices == ("qckpt-c:int8",) * 3
+    wrapper = model.model.layers[1]
+    assert isinstance(wrapper, QuantizedCheckpoint) and wrapper._compiled_call_impl is None
+    assert wrapper._checkpoint_wrapped_module._compiled_call_impl is not None
+    l1, g1 = grads(model, ids)
+    assert counter.frame_count == 2, counter.frame_count  # forward (no grad) + recomputation (grad)
+    assert torch.equal(l0, l1)
+    g1 = _named(g1)
+    assert all(torch.equal(g0[n], g1[n]) for n in g0)
+    rep.undo()
+    assert model.model.layers[1]._compiled_call_impl is None and type(model.model.layers[1]).__name__ == "LlamaDecoderLayer"
+    torch._dynamo.reset()
