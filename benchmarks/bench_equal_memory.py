@@ -58,9 +58,18 @@ _ROOT = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
 K = 1024
 
-ALL_CONFIGS = ("plain", "plain-c", "ckpt", "ckpt-c", "partial", "partial-c", "sac", "sac-c", "offload", "liger",
-               "fp8-c", "laaq", "laaq-c", "laaq-liger", "policy", "policy-c", "policy-fp8-c", "policy-m")
-AGOQ = ("laaq", "laaq-c", "laaq-liger", "policy", "policy-c", "policy-fp8-c", "policy-m")
+ALL_CONFIGS = ("plain", "plain-c", "ckpt", "ckpt-c", "ckpt-ce", "ckpt-ce-c", "partial", "partial-c", "sac", "sac-c",
+               "offload", "liger", "fp8-c", "laaq", "laaq-c", "laaq-liger", "qckpt", "qckpt-c", "policy", "policy-c",
+               "policy-fp8-c", "policy-m")
+AGOQ = ("laaq", "laaq-c", "laaq-liger", "qckpt", "qckpt-c", "policy", "policy-c", "policy-fp8-c", "policy-m")
+#: The longest-sequence pair (issue 18's third goal): the alternative that reaches furthest -- full checkpointing,
+#: compiled, with the chunked linear cross-entropy (no logits: as Liger's fused linear CE; the bench's ``ckpt``
+#: keeps HF's fp32 logits, which alone need 4 x T x vocab bytes) -- against AGoQ's longest reach, every layer
+#: quantized-checkpointed at nf4 (compiled inside, ``qckpt-c:nf4``) with the same loss. One primed step per
+#: length (--steps 0): at 192K+ a LLaMA-2-7B step takes minutes, so the pair is the decisive one: AGoQ at 256K,
+#: the alternative at 256K / 1.25 = 200K (if it runs out of memory there, its longest is < 200K and AGoQ's
+#: >= 1.28x it; the planner predicts 180-190K for it, 250K for AGoQ eager). --seqs overrides both ladders.
+LONGEST = (("qckpt-c", (256 * K,)), ("ckpt-ce-c", (200 * K,)))
 #: The --quick run (2026-12-02 re-plan, issue 18; < 8 minutes on one H200 with --layer-costs, i.e. without the
 #: per-layer profile): (config, cap GiB) -> sequences, most informative first; the time guard starts no process
 #: after 205 s (--budget-s). Already measured and not repeated: plain 16K, full checkpointing and LAAQ at 32K,
@@ -84,6 +93,9 @@ def parse(argv=None):
     ap.add_argument("--smoke", action="store_true", help="tiny LLaMA on CPU, all configurations (logic only)")
     ap.add_argument("--quick", action="store_true",
                     help="the < 4.5 minute H200 subset: per-layer profile, then QUICK_CELLS")
+    ap.add_argument("--longest", action="store_true",
+                    help="the longest-sequence pair (LONGEST: every layer qckpt-c:nf4 at 256K, compiled full "
+                         "checkpointing with the chunked loss at 200K), whole device, one primed step each")
     ap.add_argument("--configs", default=None, help=f"comma-separated, from {','.join(ALL_CONFIGS)}")
     ap.add_argument("--seqs", default=None, help="ladder (default 8K,16K,32K,64K,96K,128K,160K,192K,256K)")
     ap.add_argument("--caps", default=None, help="memory caps in GiB, 0 = whole device (default 0,80)")
@@ -96,7 +108,9 @@ def parse(argv=None):
                     help="bench_layer_profile.py JSON(s), comma-separated, whose measured costs policy-m plans with "
                          "(--quick runs the profile unless given)")
     ap.add_argument("--no-layer-profile", action="store_true", help="--quick without the per-layer profile")
-    ap.add_argument("--steps", type=int, default=2, help="timed steps per point after one warm-up [2]")
+    ap.add_argument("--steps", type=int, default=2,
+                    help="timed steps per point after one warm-up [2]; 0 = one step only, with gradients and optimizer "
+                         "state allocated before it (its tokens/s includes compilation) [--longest: 0]")
     ap.add_argument("--layers", type=int, default=None, help="override the 32 decoder layers")
     ap.add_argument("--budget-s", type=float, default=None, help="start no process after this many seconds")
     ap.add_argument("--cell-timeout-s", type=float, default=None,
@@ -233,6 +247,17 @@ def _setup(model, config, seq, cell, device, state):
         pass
     elif base == "ckpt":
         _wrap(model, range(L))
+    elif base == "ckpt-ce":  # full checkpointing with the chunked loss (the longest reach of the alternatives)
+        _wrap(model, range(L))
+        if compiled:
+            _compile_layers(model, be)
+        return "chunked", desc
+    elif base == "qckpt":  # AGoQ's longest reach: every layer keeps its input in nf4 and is recomputed
+        from agoq_core.laaq.policy import apply_policy
+
+        desc["policy"] = str(apply_policy(model, [config + ":nf4"] * L,
+                                          convert_final_norm=True, compile_backend=be))
+        return "chunked", desc
     elif base == "partial":
         n = state.get("partial_n")
         if n is None:
@@ -327,6 +352,19 @@ def _setup(model, config, seq, cell, device, state):
     if compiled:
         _compile_layers(model, be)
     return "hf", desc
+
+
+def _prime(model, opt):
+    """Allocate the gradients and the optimizer state before the first step (a zero-gradient AdamW step moves
+    no weight but decays them by lr x weight_decay, 1e-7 here), so a single step meets the memory of a
+    steady one."""
+    import torch
+
+    for p in model.parameters():
+        if p.requires_grad and p.grad is None:
+            p.grad = torch.zeros_like(p)
+    opt.step()
+    opt.zero_grad(set_to_none=False)
 
 
 def _step(model, ids, loss_kind, opt, offload):
@@ -463,6 +501,8 @@ def run_cell(cell):
                 gen = torch.Generator().manual_seed(seq)
                 ids = torch.randint(0, model.config.vocab_size, (cell.get("batch", 1), seq), generator=gen).to(device)
                 offload = config == "offload"
+                if not cell["steps"]:  # one step, primed: gradients and optimizer state exist before it, as in
+                    _prime(model, opt)  # every later step, so its peak is a steady step's peak
                 t0 = time.perf_counter()
                 res["loss"] = _step(model, ids, loss_kind, opt, offload)  # warm-up: compile, optimizer states
                 res["first_step_s"] = time.perf_counter() - t0
@@ -475,10 +515,14 @@ def run_cell(cell):
                     _step(model, ids, loss_kind, opt, offload)
                 if cuda:
                     torch.cuda.synchronize()
-                dt = (time.perf_counter() - t0) / cell["steps"]
+                if cell["steps"]:
+                    dt = (time.perf_counter() - t0) / cell["steps"]
+                    peak = torch.cuda.max_memory_allocated(device) if cuda else None
+                else:  # the primed step: its time includes compilation (a lower bound of tokens/s)
+                    dt, peak = res["first_step_s"], res.get("warmup_peak_bytes")
+                    res["tokens_per_s_includes_compile"] = True
                 res.update(step_s=dt, tokens_per_s=seq * cell.get("batch", 1) / dt, oom=False,
-                           batch=cell.get("batch", 1),
-                           peak_bytes=torch.cuda.max_memory_allocated(device) if cuda else None,
+                           batch=cell.get("batch", 1), peak_bytes=peak,
                            reserved_peak_bytes=torch.cuda.max_memory_reserved(device) if cuda else None)
             except (torch.OutOfMemoryError, _FakeOOM) as exc:
                 oom = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
@@ -544,6 +588,14 @@ def _cells(args, measured=None):
         raise SystemExit("give --cap-gib or --caps, not both")
     caps_arg = f"{args.cap_gib:g}" if args.cap_gib is not None else args.caps
     out = []
+    if args.longest:
+        if configs is not None or args.quick:
+            raise SystemExit("--longest runs its own configurations; drop --configs / --quick")
+        steps = 0 if args.steps == 2 else args.steps  # the default becomes one primed step
+        for c, seqs in LONGEST:
+            seqs = _seqs(args.seqs, args.smoke) if (args.seqs or args.smoke) else seqs
+            out.append(dict(common, steps=steps, config=c, seqs=list(seqs), cap_bytes=int(float(caps_arg or 0) * GIB)))
+        return out
     if args.quick and configs is None and caps_arg is None:
         for (c, cap), seqs in QUICK_CELLS:
             seqs = _seqs(args.seqs, args.smoke) if (args.seqs or args.smoke) else seqs

@@ -2,7 +2,7 @@
 # One device call, several benchmarks: each stage gets its own time limit and writes into $OUT.
 #   bash benchmarks/gpu_session.sh STAGE[:SECONDS] ...
 # Stages: conformance, laaq, quangrad, laaq-fusion, fusion, codecs, torchtitan, equal-memory, equal-memory-m,
-# layer-profile-64k, integrations, grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host,
+# layer-profile-64k, layer-profile-qc32k, policy-80, longest, integrations, grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host,
 # dequant-tiles. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
 set -u
 source "$(dirname "$0")/gpu_env.sh"
@@ -40,8 +40,19 @@ for spec in "$@"; do
                     cmd=(python3 benchmarks/bench_equal_memory.py --quick --cell-timeout-s 240 --budget-s $((secs - 170)) \
                          --layer-costs "$lc") ;;
     # one layer at 64K, the options an 80 GiB plan picks from (no kernel profile, 1 rep): policy-m's 64K costs
-    layer-profile-64k) cmd=(python3 benchmarks/bench_layer_profile.py --seqs 64K --methods bf16-c,laaq-c:nf4,ckpt-c,qckpt:nf4 \
+    layer-profile-64k) cmd=(python3 benchmarks/bench_layer_profile.py --seqs 64K \
+                            --methods bf16-c,laaq-c:nf4,qckpt-c:nf4,ckpt-c,qckpt-c:int8,laaq-c:int8 \
                             --no-profile --reps 1 --warmup 1 --budget-s $((secs - 40)) --json "$OUT/bench_layer_profile_64k.json") ;;
+    # compiled quantized checkpointing (the layer compiled inside the wrapper) and compiled full checkpointing at 32K
+    layer-profile-qc32k) cmd=(python3 benchmarks/bench_layer_profile.py --seqs 32K --methods qckpt-c:nf4,qckpt-c:int8,ckpt-c \
+                            --no-profile --reps 2 --warmup 1 --budget-s $((secs - 30)) --json "$OUT/bench_layer_profile_qc32k.json") ;;
+    # policy-m under 80 GiB at 32K and 64K, planned from every per-layer profile this session measured
+    policy-80) lc=docs/bench/h200-2026-12-01-s2/equal-memory/bench_layer_profile.json
+               for f in "$OUT/bench_layer_profile_qc32k.json" "$OUT/bench_layer_profile_64k.json"; do [ -f "$f" ] && lc="$lc,$f"; done
+               cmd=(python3 benchmarks/bench_equal_memory.py --configs policy-m --cap-gib 80 --seqs 32K,64K --cell-timeout-s $((secs - 20)) \
+                    --layer-costs "$lc" --json "$OUT/bench_equal_memory_policy80.json") ;;
+    # the longest-sequence pair: every layer qckpt-c:nf4 at 256K vs compiled full checkpointing + chunked loss at 200K
+    longest) cmd=(python3 benchmarks/bench_equal_memory.py --longest --cell-timeout-s 330 --json "$OUT/bench_equal_memory_longest.json") ;;
     integrations) cmd=(python3 benchmarks/bench_integrations.py) ;;   # CUDA autocast, eager vs compiled LAAQ
     grad-error)  cmd=(python3 benchmarks/bench_grad_error.py --budget-s $((secs - 40))) ;;  # LAAQ gradient error, 7B shapes
     mx-probe)    cmd=(python3 benchmarks/gpu_mx_reduce_probe.py) ;;

@@ -284,3 +284,29 @@ def test_layer_costs_from_several_profiles(bench, tmp_path):
     assert rep["costs"]["100"]["laaq:nf4"]["saved_bytes"] == 5000 - 2 * 100 * 4  # old profile: leaf input off
     assert rep["costs"]["100"]["ckpt"]["saved_bytes"] == 800 and rep["costs"]["200"]["laaq:nf4"]["saved_bytes"] == 7000
     assert len(rep["cost_corrections"]) == 1 and rep["merged_from"] == [str(a), str(b)]
+
+
+def test_longest_pair_primed_single_step(bench):
+    """--longest: the furthest-reaching alternative (compiled full checkpointing + chunked loss) and AGoQ's
+    longest reach (every layer qckpt-c:nf4), one primed step per length; an OOM ends that ladder."""
+    cells = bench._cells(bench.parse(["--longest"]))
+    assert [(c["config"], c["seqs"], c["steps"], c["cap_bytes"]) for c in cells] == [
+        ("qckpt-c", [262144], 0, 0), ("ckpt-ce-c", [204800], 0, 0)]
+    with pytest.raises(SystemExit, match="drop --configs"):
+        bench._cells(bench.parse(["--longest", "--configs", "plain"]))
+    ok, oom = bench.run_cell(_cell("qckpt-c", [64, 128], steps=0, fake_oom_above=64))
+    assert ok["loss_kind"] == "chunked" and "qckpt-c:nf4 x2" in ok["policy"] and ok["tokens_per_s_includes_compile"]
+    assert not ok["oom"] and ok["tokens_per_s"] > 0 and oom["oom"]
+    (alt,) = bench.run_cell(_cell("ckpt-ce-c", [64], steps=0))
+    assert alt["loss_kind"] == "chunked" and not alt["oom"] and alt["tokens_per_s"] > 0
+
+
+def test_prime_allocates_grads_and_optimizer_state_without_moving_weights(bench):
+    import torch
+
+    lin = torch.nn.Linear(8, 4)
+    w0 = lin.weight.detach().clone()
+    opt = torch.optim.AdamW(lin.parameters(), lr=1e-5, weight_decay=0.0)
+    bench._prime(lin, opt)
+    assert lin.weight.grad is not None and torch.equal(lin.weight.grad, torch.zeros_like(w0))
+    assert "exp_avg" in opt.state[lin.weight] and torch.equal(lin.weight.detach(), w0)
