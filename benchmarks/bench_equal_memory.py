@@ -66,10 +66,12 @@ AGOQ = ("laaq", "laaq-c", "laaq-liger", "qckpt", "qckpt-c", "policy", "policy-c"
 #: compiled, with the chunked linear cross-entropy (no logits: as Liger's fused linear CE; the bench's ``ckpt``
 #: keeps HF's fp32 logits, which alone need 4 x T x vocab bytes) -- against AGoQ's longest reach, every layer
 #: quantized-checkpointed at nf4 (compiled inside, ``qckpt-c:nf4``) with the same loss. One primed step per
-#: length (--steps 0): at 192K+ a LLaMA-2-7B step takes minutes, so the pair is the decisive one: AGoQ at 256K,
-#: the alternative at 256K / 1.25 = 200K (if it runs out of memory there, its longest is < 200K and AGoQ's
-#: >= 1.28x it; the planner predicts 180-190K for it, 250K for AGoQ eager). --seqs overrides both ladders.
-LONGEST = (("qckpt-c", (256 * K,)), ("ckpt-ce-c", (200 * K,)))
+#: length (--steps 0): at 192K+ a LLaMA-2-7B step takes minutes, so the pair is the decisive one: AGoQ at 320K,
+#: the alternative at 320K / 1.25 = 256K (if it runs out of memory there, its longest is < 256K and AGoQ's > 1.25x
+#: it). Chosen from the 64K per-layer profile of 2026-12-02 (compiled, H200): qckpt-c:nf4 keeps 0.143 GB and needs
+#: 11.2 GB on top in backward, ckpt-c 0.537 and 13.0 GB; scaled linearly (flash attention) that predicts ~112 GiB
+#: for AGoQ at 320K and ~150 GiB for the alternative at 256K. --seqs overrides both ladders.
+LONGEST = (("qckpt-c", (320 * K,)), ("ckpt-ce-c", (256 * K,)))
 #: The --quick run (2026-12-02 re-plan, issue 18; < 8 minutes on one H200 with --layer-costs, i.e. without the
 #: per-layer profile): (config, cap GiB) -> sequences, most informative first; the time guard starts no process
 #: after 205 s (--budget-s). Already measured and not repeated: plain 16K, full checkpointing and LAAQ at 32K,
@@ -94,8 +96,8 @@ def parse(argv=None):
     ap.add_argument("--quick", action="store_true",
                     help="the < 4.5 minute H200 subset: per-layer profile, then QUICK_CELLS")
     ap.add_argument("--longest", action="store_true",
-                    help="the longest-sequence pair (LONGEST: every layer qckpt-c:nf4 at 256K, compiled full "
-                         "checkpointing with the chunked loss at 200K), whole device, one primed step each")
+                    help="the longest-sequence pair (LONGEST: every layer qckpt-c:nf4 at 320K, compiled full "
+                         "checkpointing with the chunked loss at 256K), whole device, one primed step each")
     ap.add_argument("--configs", default=None, help=f"comma-separated, from {','.join(ALL_CONFIGS)}")
     ap.add_argument("--seqs", default=None, help="ladder (default 8K,16K,32K,64K,96K,128K,160K,192K,256K)")
     ap.add_argument("--caps", default=None, help="memory caps in GiB, 0 = whole device (default 0,80)")

@@ -51,8 +51,8 @@ for spec in "$@"; do
                for f in "$OUT/bench_layer_profile_qc32k.json" "$OUT/bench_layer_profile_64k.json"; do [ -f "$f" ] && lc="$lc,$f"; done
                cmd=(python3 benchmarks/bench_equal_memory.py --configs policy-m --cap-gib 80 --seqs 32K,64K --cell-timeout-s $((secs - 20)) \
                     --layer-costs "$lc" --json "$OUT/bench_equal_memory_policy80.json") ;;
-    # the longest-sequence pair: every layer qckpt-c:nf4 at 256K vs compiled full checkpointing + chunked loss at 200K
-    longest) cmd=(python3 benchmarks/bench_equal_memory.py --longest --cell-timeout-s 330 --json "$OUT/bench_equal_memory_longest.json") ;;
+    # the longest-sequence pair: every layer qckpt-c:nf4 at 320K vs compiled full checkpointing + chunked loss at 256K
+    longest) cmd=(python3 benchmarks/bench_equal_memory.py --longest --cell-timeout-s 370 --json "$OUT/bench_equal_memory_longest.json") ;;
     integrations) cmd=(python3 benchmarks/bench_integrations.py) ;;   # CUDA autocast, eager vs compiled LAAQ
     grad-error)  cmd=(python3 benchmarks/bench_grad_error.py --budget-s $((secs - 40))) ;;  # LAAQ gradient error, 7B shapes
     mx-probe)    cmd=(python3 benchmarks/gpu_mx_reduce_probe.py) ;;

@@ -291,7 +291,7 @@ def test_longest_pair_primed_single_step(bench):
     longest reach (every layer qckpt-c:nf4), one primed step per length; an OOM ends that ladder."""
     cells = bench._cells(bench.parse(["--longest"]))
     assert [(c["config"], c["seqs"], c["steps"], c["cap_bytes"]) for c in cells] == [
-        ("qckpt-c", [262144], 0, 0), ("ckpt-ce-c", [204800], 0, 0)]
+        ("qckpt-c", [327680], 0, 0), ("ckpt-ce-c", [262144], 0, 0)]
     with pytest.raises(SystemExit, match="drop --configs"):
         bench._cells(bench.parse(["--longest", "--configs", "plain"]))
     ok, oom = bench.run_cell(_cell("qckpt-c", [64, 128], steps=0, fake_oom_above=64))
