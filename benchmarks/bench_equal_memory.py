@@ -356,6 +356,38 @@ def _setup(model, config, seq, cell, device, state):
     return "hf", desc
 
 
+def _profile_step(model, ids, loss_kind, opt, offload, tag):
+    """Kernel time of one step by kind, against its wall time (where a whole model's time goes that the per-layer
+    profile does not show); the top kernels go to $AGOQ_BENCH_PROFILE/profile_<tag>.txt."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        _step(model, ids, loss_kind, opt, offload)
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    groups: dict = {}
+    total = 0.0
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", 0.0) or 0.0
+        if t <= 0 or e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        n = e.key.lower()
+        g = ("gemm" if any(k in n for k in ("gemm", "cutlass", "sm90", "nvjet", "matmul")) else
+             "attention" if any(k in n for k in ("flash", "fmha", "attention")) else
+             "codec" if any(k in n for k in ("quant", "_codec", "agoq")) else
+             "copy" if any(k in n for k in ("copy", "memcpy", "memset", "fill")) else "elementwise/other")
+        groups[g] = groups.get(g, 0.0) + t / 1e3
+        total += t / 1e3
+    out = Path(os.environ["AGOQ_BENCH_PROFILE"]) / f"profile_{tag}.txt"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40))
+    return {"wall_ms": round(wall * 1e3, 1), "kernel_ms": round(total, 1), "idle_ms": round(wall * 1e3 - total, 1),
+            "groups_ms": {k: round(v, 1) for k, v in sorted(groups.items(), key=lambda kv: -kv[1])}}
+
+
 def _prime(model, opt):
     """Allocate the gradients and the optimizer state before the first step (a zero-gradient AdamW step moves
     no weight but decays them by lr x weight_decay, 1e-7 here), so a single step meets the memory of a
@@ -513,8 +545,11 @@ def run_cell(cell):
                     res["warmup_peak_bytes"] = torch.cuda.max_memory_allocated(device)
                     torch.cuda.reset_peak_memory_stats(device)
                 t0 = time.perf_counter()
+                each = []
                 for _ in range(cell["steps"]):
-                    _step(model, ids, loss_kind, opt, offload)
+                    _step(model, ids, loss_kind, opt, offload)  # float(loss) syncs: per-step wall times
+                    each.append(round(time.perf_counter() - t0 - sum(each), 4))
+                res["step_times_s"] = each
                 if cuda:
                     torch.cuda.synchronize()
                 if cell["steps"]:
@@ -526,6 +561,11 @@ def run_cell(cell):
                 res.update(step_s=dt, tokens_per_s=seq * cell.get("batch", 1) / dt, oom=False,
                            batch=cell.get("batch", 1), peak_bytes=peak,
                            reserved_peak_bytes=torch.cuda.max_memory_reserved(device) if cuda else None)
+                if cuda and os.environ.get("AGOQ_BENCH_PROFILE"):  # one more step under torch.profiler
+                    try:
+                        res["profile"] = _profile_step(model, ids, loss_kind, opt, offload, f"{config}_{seq}")
+                    except Exception as exc:  # noqa: BLE001 - the measurement above stands
+                        res["profile"] = f"failed: {type(exc).__name__}: {exc}"[:300]
             except (torch.OutOfMemoryError, _FakeOOM) as exc:
                 oom = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
             except ImportError as exc:

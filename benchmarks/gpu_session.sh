@@ -2,7 +2,7 @@
 # One device call, several benchmarks: each stage gets its own time limit and writes into $OUT.
 #   bash benchmarks/gpu_session.sh STAGE[:SECONDS] ...
 # Stages: conformance, laaq, quangrad, laaq-fusion, fusion, codecs, torchtitan, equal-memory, equal-memory-m,
-# layer-profile-64k, layer-profile-qc32k, policy-80, longest, integrations, grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host,
+# layer-profile-64k, layer-profile-qc32k, policy-80, longest, laaq-16k, integrations, grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host,
 # dequant-tiles. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
 set -u
 source "$(dirname "$0")/gpu_env.sh"
@@ -51,6 +51,9 @@ for spec in "$@"; do
                for f in "$OUT/bench_layer_profile_qc32k.json" "$OUT/bench_layer_profile_64k.json"; do [ -f "$f" ] && lc="$lc,$f"; done
                cmd=(python3 benchmarks/bench_equal_memory.py --configs policy-m --cap-gib 80 --seqs 32K,64K --cell-timeout-s $((secs - 20)) \
                     --layer-costs "$lc" --json "$OUT/bench_equal_memory_policy80.json") ;;
+    # issue 17's 7B goal with both sides compiled: plain vs LAAQ (nf4, chunked loss) at 16K, whole device, 3 steps
+    laaq-16k) cmd=(python3 benchmarks/bench_equal_memory.py --configs plain-c,laaq-c --caps 0 --seqs 16K --steps ${LAAQ16K_STEPS:-3} \
+                   --cell-timeout-s $(( (secs - 10) / 2 )) --json "$OUT/bench_equal_memory_16k.json") ;;
     # the longest-sequence pair: every layer qckpt-c:nf4 at 320K vs compiled full checkpointing + chunked loss at 256K
     longest) cmd=(python3 benchmarks/bench_equal_memory.py --longest --cell-timeout-s 370 --json "$OUT/bench_equal_memory_longest.json") ;;
     integrations) cmd=(python3 benchmarks/bench_integrations.py) ;;   # CUDA autocast, eager vs compiled LAAQ
