@@ -98,6 +98,10 @@ def parse(argv=None):
     ap.add_argument("--longest", action="store_true",
                     help="the longest-sequence pair (LONGEST: every layer qckpt-c:nf4 at 320K, compiled full "
                          "checkpointing with the chunked loss at 256K), whole device, one primed step each")
+    ap.add_argument("--merge", default=None,
+                    help="no run: read the rows of earlier bench_equal_memory JSONs (comma-separated; a later file's "
+                         "row replaces an earlier one for the same configuration, cap and length), print the table "
+                         "and summary, write the merged JSON and the Pareto plot (--json)")
     ap.add_argument("--configs", default=None, help=f"comma-separated, from {','.join(ALL_CONFIGS)}")
     ap.add_argument("--seqs", default=None, help="ladder (default 8K,16K,32K,64K,96K,128K,160K,192K,256K)")
     ap.add_argument("--caps", default=None, help="memory caps in GiB, 0 = whole device (default 0,80)")
@@ -795,8 +799,17 @@ def summarize(rows):
         ours = max((r["seq"] for r in ok if r["cap_gib"] == cap and r["config"] in agoq), default=None)
         reach.append({"cap_gib": cap, "alternatives_longest": alt, "agoq_longest": ours,
                       "ratio": (ours / alt) if (alt and ours) else None})
+    # per (config, cap): the longest length that ran and the shortest that ran out of memory (a ladder without
+    # an OOM row does not bound the configuration's reach)
+    bounds: dict = {}
+    for r in rows:
+        b = bounds.setdefault(f"{r['config']}@{r['cap_gib']:.0f}", {"fits": None, "oom": None})
+        if r.get("oom"):
+            b["oom"] = r["seq"] if b["oom"] is None else min(b["oom"], r["seq"])
+        elif r.get("tokens_per_s"):
+            b["fits"] = max(b["fits"] or 0, r["seq"])
     return {"longest_seq": longest, "agoq_vs_fastest_alternative": cmp, "policy_peak_prediction": pred,
-            "longest_by_cap": reach}
+            "longest_by_cap": reach, "reach": bounds}
 
 
 def plot(rows, path):
@@ -813,18 +826,51 @@ def plot(rows, path):
         for cfg in dict.fromkeys(r["config"] for r in rows):
             pts = sorted((r["seq"], r["tokens_per_s"]) for r in rows
                          if r["config"] == cfg and r["cap_gib"] == cap and not r.get("oom") and r.get("tokens_per_s"))
-            if pts:
-                style = "-o" if cfg.startswith(("laaq", "policy")) else "--."
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=cfg)
+            ooms = [r["seq"] for r in rows if r["config"] == cfg and r["cap_gib"] == cap and r.get("oom")]
+            if pts or ooms:
+                style = "-o" if cfg in AGOQ else "--."
+                line = ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=cfg)[0] if pts else None
+                if ooms:  # out of memory: an x on the length axis, in the configuration's colour
+                    kw = {"color": line.get_color()} if line is not None else {"label": f"{cfg} (out of memory)"}
+                    ax.plot([min(ooms)], [0], "x", markersize=9, clip_on=False, **kw)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("sequence length (tokens)")
         ax.set_ylabel("tokens/s")
-        ax.set_title(f"budget: {'whole device' if not cap else f'{cap:.0f} GiB'}")
+        ax.set_title(f"budget: {'whole device' if not cap else f'{cap:.0f} GiB'} (x: out of memory)")
+        ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return str(path)
+
+
+def merge(paths, out=None) -> int:
+    """Rows of several runs in one table, summary and Pareto plot; the newest row (later file) per
+    (configuration, cap, length) wins, an OOM row never replaces a measured one."""
+    rows: dict = {}
+    for p in paths:
+        try:
+            runs = json.loads(Path(p).read_text())["runs"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise SystemExit(f"--merge: cannot read the runs of {p}: {exc}") from exc
+        for r in runs:
+            if r.get("failed") or r.get("unavailable"):
+                continue
+            key = (r["config"], float(r.get("cap_gib") or 0), r["seq"])
+            if r.get("oom") and key in rows and not rows[key].get("oom"):
+                continue
+            rows[key] = dict(r, source=str(p))
+    merged = list(rows.values())
+    print(table(merged, False))
+    summary = summarize(merged)
+    for k, b in summary["reach"].items():
+        print(f"{k:24s} longest that ran {b['fits'] or '-':>8}   out of memory at {b['oom'] or '-'}")
+    if out:
+        _write_json(out, {"meta": {"merged_from": paths}, "runs": merged, "summary": summary})
+        png = plot(merged, Path(out).with_suffix(".png"))
+        print(f"wrote {out}" + (f" and {png}" if png else ""))
+    return 0
 
 
 def main(argv=None):
@@ -833,6 +879,8 @@ def main(argv=None):
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
         run_cell(json.loads(args.cell))
         return 0
+    if args.merge:
+        return merge(args.merge.split(","), args.json)
     t_start = time.time()
     budget_s = args.budget_s if args.budget_s is not None else (205.0 if args.quick and not args.smoke else None)
     rows, skipped = [], []

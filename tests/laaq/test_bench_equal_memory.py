@@ -310,3 +310,27 @@ def test_prime_allocates_grads_and_optimizer_state_without_moving_weights(bench)
     bench._prime(lin, opt)
     assert lin.weight.grad is not None and torch.equal(lin.weight.grad, torch.zeros_like(w0))
     assert "exp_avg" in opt.state[lin.weight] and torch.equal(lin.weight.detach(), w0)
+
+
+def test_merge_runs_newest_row_wins_and_reach_bounds(bench, tmp_path, capsys):
+    import json
+
+    a = {"runs": [{"config": "ckpt-c", "seq": 1024, "cap_gib": 0, "oom": False, "tokens_per_s": 10.0, "peak_bytes": 1},
+                  {"config": "policy-m", "seq": 1024, "cap_gib": 80, "oom": False, "tokens_per_s": 11.0, "peak_bytes": 1}]}
+    b = {"runs": [{"config": "policy-m", "seq": 1024, "cap_gib": 80, "oom": False, "tokens_per_s": 12.0, "peak_bytes": 1},
+                  {"config": "ckpt-c", "seq": 1024, "cap_gib": 0, "oom": True, "error": "OOM"},  # never replaces a row
+                  {"config": "ckpt-c", "seq": 2048, "cap_gib": 0, "oom": True, "error": "OOM"},
+                  {"config": "qckpt-c", "seq": 4096, "cap_gib": 0, "oom": False, "tokens_per_s": 1.0, "peak_bytes": 1},
+                  {"config": "liger", "seq": 1024, "cap_gib": 0, "oom": False, "unavailable": "ImportError"}]}
+    pa, pb, out = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "m.json"
+    pa.write_text(json.dumps(a))
+    pb.write_text(json.dumps(b))
+    assert bench.main(["--merge", f"{pa},{pb}", "--json", str(out)]) == 0
+    m = json.loads(out.read_text())
+    rows = {(r["config"], r["cap_gib"], r["seq"]): r for r in m["runs"]}
+    assert rows[("policy-m", 80, 1024)]["tokens_per_s"] == 12.0 and not rows[("ckpt-c", 0, 1024)]["oom"]
+    assert ("liger", 0, 1024) not in rows
+    assert m["summary"]["reach"]["ckpt-c@0"] == {"fits": 1024, "oom": 2048}
+    assert m["summary"]["reach"]["qckpt-c@0"] == {"fits": 4096, "oom": None}
+    with pytest.raises(SystemExit, match="cannot read"):
+        bench.main(["--merge", str(tmp_path / "missing.json")])
