@@ -59,9 +59,10 @@ GIB = 1 << 30
 K = 1024
 
 ALL_CONFIGS = ("plain", "plain-c", "ckpt", "ckpt-c", "ckpt-ce", "ckpt-ce-c", "partial", "partial-c", "sac", "sac-c",
-               "offload", "liger", "fp8-c", "laaq", "laaq-c", "laaq-liger", "qckpt", "qckpt-c", "policy", "policy-c",
-               "policy-fp8-c", "policy-m")
-AGOQ = ("laaq", "laaq-c", "laaq-liger", "qckpt", "qckpt-c", "policy", "policy-c", "policy-fp8-c", "policy-m")
+               "offload", "liger", "fp8-c", "laaq", "laaq-c", "laaq-fp8-c", "laaq-liger", "qckpt", "qckpt-c", "policy",
+               "policy-c", "policy-fp8-c", "policy-m")
+AGOQ = ("laaq", "laaq-c", "laaq-fp8-c", "laaq-liger", "qckpt", "qckpt-c", "policy", "policy-c", "policy-fp8-c",
+        "policy-m")
 #: The longest-sequence pair (issue 18's third goal): the alternative that reaches furthest -- full checkpointing,
 #: compiled, with the chunked linear cross-entropy (no logits: as Liger's fused linear CE; the bench's ``ckpt``
 #: keeps HF's fp32 logits, which alone need 4 x T x vocab bytes) -- against AGoQ's longest reach, every layer
@@ -279,6 +280,16 @@ def _setup(model, config, seq, cell, device, state):
         _wrap(model, range(L), _sac_context_fn())
     elif base == "offload":
         pass  # the step runs under save_on_cpu
+    elif base == "laaq-fp8":  # float8 on every decoder Linear, LAAQ running their GEMMs in float8 (compiled)
+        from agoq_core import laaq
+        from agoq_core.laaq import LAAQConfig
+
+        if not compiled:
+            raise ValueError("laaq-fp8 runs compiled only: use laaq-fp8-c")
+        _float8(model)
+        desc["laaq"] = str(laaq.apply(model, LAAQConfig(float8_gemms=True)))
+        _compile_layers(model, be)
+        return "chunked", desc
     elif base in ("laaq", "laaq-liger"):
         from agoq_core import laaq
 

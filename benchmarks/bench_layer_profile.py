@@ -25,7 +25,8 @@ Methods (``--methods``):
   qckpt:F, qckpt-c:F  QuantizedCheckpoint (layer input kept in F, layer recomputed); -c compiles the layer
                     inside the wrapper (as apply_policy does)
   fp8-M             torchao float8 (tensorwise) on every Linear, then method M (fp8-bf16-c, fp8-sac-c: the
-                    issue's bar, compiled float8 + SAC); CUDA SM89+, emulated on CPU
+                    issue's bar, compiled float8 + SAC; fp8-laaq-c:nf4: LAAQ with float8 GEMMs on the inputs it
+                    rebuilds, LAAQConfig(float8_gemms=True)); CUDA SM89+, emulated on CPU
   fp8attn+M         float8 on q/k/v/o only, then M (fp8attn+laaq-c:nf4: LAAQ on the norms and the MLP of the
                     same layer -- LAAQ cannot convert a Float8Linear, which keeps its own bf16 input)
 
@@ -226,7 +227,7 @@ def make(method: str, base, compile_backend: str):
         from agoq_core.laaq.integrate import apply as laaq_apply
 
         rep = laaq_apply(layer, LAAQConfig(norm_input=fmt, mlp_act_input=fmt, attn_out_input=fmt, linear_input=fmt,
-                                           convert_final_norm=False))
+                                           convert_final_norm=False, float8_gemms=fp8 == "all"))
         mod = layer
         mod.__dict__["_agoq_profile_skipped"] = [f"{k.path}: {k.reason}" for k in getattr(rep, "skipped", [])]
     elif kind == "laaq-mlp":

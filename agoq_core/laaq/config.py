@@ -114,8 +114,14 @@ class LAAQConfig:
     """Also convert the model's final norm and the LM head that reads it (one more norm per model)."""
     backend: str | None = None
     """Backend for the codecs; None = the selected one (AGOQ_BACKEND or auto)."""
+    float8_gemms: bool = False
+    """Convert torchao ``Float8Linear`` modules too, running their GEMMs in float8 as torchao's recipe does
+    while LAAQ keeps (or rebuilds) their inputs (agoq_core.laaq.float8; compiled layers only). False: they are
+    skipped with a reason, each keeping its own bf16 input."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.float8_gemms, bool):
+            raise TypeError(f"LAAQConfig.float8_gemms must be True or False, got {self.float8_gemms!r}")
         if isinstance(self.block, bool) or not isinstance(self.block, int) or self.block <= 0 or self.block % 8:
             raise FormatError(f"LAAQConfig.block must be a positive multiple of 8, got {self.block!r}")
         for role in ROLES:
@@ -179,6 +185,7 @@ class LAAQConfig:
     def describe(self) -> str:
         base = ", ".join(f"{r}={self.plan(None).names()[r]}" for r in ROLES)
         extra = f"; {len(self.layer_overrides)} layer overrides" if self.layer_overrides else ""
+        extra += "; float8 GEMMs" if self.float8_gemms else ""
         return f"LAAQConfig({base}, block={self.block}{extra})"
 
     @staticmethod

@@ -30,6 +30,7 @@ from agoq_core.laaq.families import FAMILIES, LayerFamily, match_family, unwrap_
 from agoq_core.laaq.functions import (_VIEW_NODES, NormSource, RecomputedInputLinear, SavedInputLinear,
                                       SwiGLUFunction, find_source, kept_by_producer, norm_apply)
 from agoq_core.laaq import ops, traced
+from agoq_core.laaq.float8 import Float8Gemms, is_float8_linear
 from agoq_core.laaq.linears import is_lora_wrapper, linear_problem, resolve
 from agoq_core.laaq.moe import MoEExpertsFunction, experts_problem
 
@@ -73,6 +74,7 @@ class _State:
     laaq: Any = None           # the LAAQ path of this kind (torch.compiler.disable'd), set by _patch
     validated: bool = False    # swiglu: checked once against the module's own forward
     fmts: dict = field(default_factory=dict)  # plan's role -> spec as a plain dict (Dynamo reads it)
+    float8: Any = None         # linear: its Float8Gemms; swiglu: (gate, up, down) Float8Gemms or None each
 
     def __post_init__(self) -> None:
         self.fmts = dict(self.plan.specs)
@@ -136,6 +138,13 @@ def _state(m: nn.Module) -> "_State":
     return m.__dict__[_STATE_ATTR]
 
 
+def _float8_eager(st: "_State") -> None:
+    raise AgoqError(
+        f"LAAQ converted {st.path or 'this module'} with float8 GEMMs (LAAQConfig(float8_gemms=True)); they run in "
+        "torch.compile'd decoder layers only (layer.compile(), or apply_policy's -c options), with the attention core "
+        "native and no LoRA adapters. This call ran eagerly: compile the layer, or convert without float8_gemms")
+
+
 def _traceable(st: "_State") -> bool:
     """Whether this module's LAAQ path can be traced (else it runs eagerly: one graph break)."""
     return (torch.compiler.is_compiling() and st.group is not None and not st.group.lora
@@ -158,6 +167,8 @@ def _linear_forward(self: nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any)
     if _traceable(st):
         alias = st.fmts["attention_core"] is None and x.requires_grad and bool(st.alias_hint)
         return traced.linear(self, st, x, alias)
+    if st.float8 is not None:
+        _float8_eager(st)
     return st.laaq(self, st, x)
 
 
@@ -169,6 +180,8 @@ def _swiglu_forward(self: nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any)
         gate, up, down, act_name = st.names
         mods = [_get(self, n) for n in ((gate, down) if not up else (gate, up, down))]
         return traced.swiglu(self, st, x, mods, _activation(self, act_name))
+    if st.float8 is not None:
+        _float8_eager(st)
     return st.laaq(self, st, x)
 
 
@@ -439,6 +452,15 @@ class _Converter:
     def skip(self, path: str, reason: str) -> None:
         self.report.skipped.append(Skip(path, reason))
 
+    def _linear_problem(self, m: Any) -> str | None:
+        """linear_problem, but a torchao Float8Linear is convertible with LAAQConfig(float8_gemms=True)."""
+        if self.config.float8_gemms and is_float8_linear(m):
+            return "already converted" if is_converted(m) else None
+        problem = linear_problem(m)
+        if problem and is_float8_linear(m):
+            problem += "; LAAQConfig(float8_gemms=True) converts it with float8 GEMMs"
+        return problem
+
     def norm(self, m: Any, path: str, layer: int | None, plan: RolePlan, *, group: _Group | None = None,
              rel: str = "") -> bool:
         if not isinstance(m, nn.Module):
@@ -455,13 +477,15 @@ class _Converter:
                group: _Group | None = None, rel: str = "", expect: str = "", alias_hint: bool | None = None) -> bool:
         if group is not None and not any(e[0] == rel for e in group.linears):
             group.linears.append((rel, role, layer, plan, expect))
-        problem = _plain_linear_problem(m) if m is not None else "not found"
+        problem = (self._linear_problem(m) if self.config.float8_gemms else _plain_linear_problem(m)) \
+            if m is not None else "not found"
         if problem:
             self.skip(path, problem)
             return False
         self._done(m, path, _State("linear", m.forward, layer, plan, self.config.backend, role=role, group=group,
-                                   path=path, expect=expect, alias_hint=alias_hint),
-                   {role: _fmt_name(plan[role])})
+                                   path=path, expect=expect, alias_hint=alias_hint,
+                                   float8=Float8Gemms.of(m) if is_float8_linear(m) else None),
+                   {role: _fmt_name(plan[role])} | ({"gemm": "float8"} if is_float8_linear(m) else {}))
         if group is not None:
             group.add_reader(expect, m)
         return True
@@ -475,16 +499,20 @@ class _Converter:
             self.skip(path, "already converted")
             return False
         for n in (x for x in names[:3] if x):  # up "" = one fused gate_up projection
-            problem = linear_problem(_get(m, n)) if _get(m, n) is not None else "not found"
+            problem = self._linear_problem(_get(m, n)) if _get(m, n) is not None else "not found"
             if problem:
                 self.skip(path, f"{n} {problem}")
                 return False
         if not callable(_activation(m, names[3])):
             self.skip(path, f"activation {names[3]!r} not found or not callable")
             return False
+        f8 = tuple(Float8Gemms.of(_get(m, n)) if n and is_float8_linear(_get(m, n)) else None for n in names[:3])
+        if any(f8) and not names[1]:
+            self.skip(path, "float8 GEMMs with one fused gate_up projection are not supported")
+            return False
         self._done(m, path, _State("swiglu", m.forward, layer, plan, self.config.backend, names=names, group=group,
-                                   path=path, expect=expect),
-                   {"mlp_act_input": _fmt_name(plan["mlp_act_input"])})
+                                   path=path, expect=expect, float8=f8 if any(f8) else None),
+                   {"mlp_act_input": _fmt_name(plan["mlp_act_input"])} | ({"gemm": "float8"} if any(f8) else {}))
         if group is not None:
             group.add_reader(expect, m)
             for n in (x for x in names[:3] if x):

@@ -83,7 +83,7 @@ def sac_context_fn():
     return context_fn
 
 
-def _laaq_mlp(layer: nn.Module, index: int, fmt: str, backend: str | None) -> list:
+def _laaq_mlp(layer: nn.Module, index: int, fmt: str, backend: str | None, *, float8: bool = False) -> list:
     """LAAQ on the MLP half of a decoder layer only (its post-attention norm keeps its input in ``fmt``, the
     gated MLP its gate/up outputs); the attention half stays as it is."""
     from agoq_core.laaq.config import LAAQConfig
@@ -96,7 +96,7 @@ def _laaq_mlp(layer: nn.Module, index: int, fmt: str, backend: str | None) -> li
         raise AgoqError(f"laaq-mlp: {type(layer).__name__} has no separate gate/up/down MLP LAAQ converts "
                         f"({why}); use laaq:FMT for this layer")
     cfg = LAAQConfig(norm_input=fmt, mlp_act_input=fmt, attn_out_input=fmt, linear_input=fmt, convert_final_norm=False,
-                     backend=backend)
+                     backend=backend, float8_gemms=float8)
     reps = [convert_norm(_get(layer, row.post_norm), cfg, layer=index)]
     try:
         reps.append(convert_swiglu(_get(layer, row.mlp), cfg, gate=row.gate_proj, up=row.up_proj, down=row.down_proj,
@@ -150,12 +150,18 @@ class PolicyReport:
 
 
 def apply_policy(model: nn.Module, plan: Any, *, convert_final_norm: bool | None = None,
-                 backend: str | None = None, compile_backend: str = "inductor") -> PolicyReport:
+                 backend: str | None = None, compile_backend: str = "inductor", float8: Any = False) -> PolicyReport:
     """Apply ``plan`` (a BudgetPlan, or one option name per decoder layer) to ``model``; returns the report.
 
     ``convert_final_norm``: default True when the plan is for the chunked loss. Options whose kind ends in
     ``-c`` (``bf16-c``, ``sac-c``, ``laaq-c:nf4``) are also ``torch.compile``'d, layer by layer, with
-    ``compile_backend`` (LAAQ's own autograd functions still run eagerly inside a compiled layer)."""
+    ``compile_backend`` (LAAQ's own autograd functions still run eagerly inside a compiled layer).
+
+    ``float8=True`` (or a torchao ``Float8LinearConfig``): every decoder layer's Linears become torchao
+    ``Float8Linear`` first (``convert_to_float8_training``; default: tensorwise recipe), and LAAQ layers run their GEMMs in float8 on the inputs they rebuild
+    (``LAAQConfig(float8_gemms=True)``, agoq_core.laaq.float8): LAAQ options must then be compiled
+    (``laaq-c:FMT``); checkpointed and bf16 layers simply run torchao's float8 layers. Not undone by
+    ``report.undo()`` (the float8 conversion stays, as torchao leaves it)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
     from agoq_core.laaq.config import LAAQConfig
@@ -175,6 +181,17 @@ def apply_policy(model: nn.Module, plan: Any, *, convert_final_norm: bool | None
         raise AgoqError(f"the plan has {len(choices)} layer choices but {type(model).__name__} has {len(layers)} "
                         f"decoder layers; plan for this model (plan_budget(model.config, ...))")
     parsed = [parse_option(c) for c in choices]
+    if float8:
+        bad = sorted({f"{k}:{f}" for k, f in parsed if k in ("laaq", "laaq-mlp", "laaq-mlp-c")})
+        if bad:
+            raise AgoqError(f"apply_policy(float8=True): LAAQ's float8 GEMMs run in whole compiled decoder layers "
+                            f"only; use laaq-c:FMT (or a checkpointing / bf16 option) instead of {', '.join(bad)}")
+        from torchao.float8 import convert_to_float8_training
+
+        kw = {} if float8 is True else {"config": float8}
+        for _, _, layer in layers:
+            convert_to_float8_training(layer, module_filter_fn=lambda m, fqn: isinstance(m, nn.Linear), **kw)
+        float8 = True
     report = PolicyReport(choices=tuple(k if f is None else f"{k}:{f}" for k, f in parsed))
     try:
         for i, ((parent, attr, layer), (kind, fmt)) in enumerate(zip(layers, parsed)):
@@ -182,10 +199,10 @@ def apply_policy(model: nn.Module, plan: Any, *, convert_final_norm: bool | None
             kind = kind[:-2] if compiled else kind
             if kind == "laaq":
                 cfg = LAAQConfig(norm_input=fmt, mlp_act_input=fmt, attn_out_input=fmt, linear_input=fmt,
-                                 convert_final_norm=False, backend=backend)
+                                 convert_final_norm=False, backend=backend, float8_gemms=float8)
                 report.laaq_reports.append(laaq_apply(layer, cfg))
             elif kind == "laaq-mlp":
-                report.laaq_reports.extend(_laaq_mlp(layer, i, fmt, backend))
+                report.laaq_reports.extend(_laaq_mlp(layer, i, fmt, backend, float8=float8))
             elif kind in ("ckpt", "sac"):
                 kw = {"context_fn": sac_context_fn()} if kind == "sac" else {}
                 parent._modules[attr] = checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT, **kw)

@@ -147,16 +147,29 @@ def _source(st: Any, x: torch.Tensor) -> tuple | None:
     return None if partial else e
 
 
+# ---- the three GEMMs of a linear: bf16 (LAAQ's seams) or float8 (agoq_core.laaq.float8, torchao's recipe) ----
+def _fwd(f8, x, weight, bias):
+    return F.linear(x, weight, bias) if f8 is None else f8.linear(x, weight, bias)
+
+
+def _dx(f8, grad_out, weight):
+    return fusion.input_grad(grad_out, weight) if f8 is None else f8.input_grad(grad_out, weight)
+
+
+def _dw(f8, grad_out, x):
+    return fusion.weight_grad(grad_out, x) if f8 is None else f8.weight_grad(grad_out, x)
+
+
 # ---- linears ------------------------------------------------------------------------------------------
 class _RecomputedLinearFn(torch.autograd.Function):
     """linear(y), y a converted norm's output, rebuilt in backward from the norm's kept input."""
 
     @staticmethod
-    def forward(ctx, y, recipe: _Recipe, nk: int, weight, bias, *rest):
+    def forward(ctx, y, recipe: _Recipe, nk: int, f8, weight, bias, *rest):
         ctx.save_for_backward(weight, *rest)
-        ctx.recipe, ctx.nk, ctx.has_bias = recipe, nk, bias is not None
+        ctx.recipe, ctx.nk, ctx.has_bias, ctx.f8 = recipe, nk, bias is not None, f8
         ctx.amp, ctx.y_dtype = amp_state(y.device.type), y.dtype
-        return F.linear(y, weight, bias)
+        return _fwd(f8, y, weight, bias)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -166,24 +179,24 @@ class _RecomputedLinearFn(torch.autograd.Function):
         dy = dw = db = None
         with amp_context(ctx.amp):
             if need[0]:
-                dy = fusion.input_grad(grad_out, weight).to(ctx.y_dtype)
-            if need[3]:
+                dy = _dx(ctx.f8, grad_out, weight).to(ctx.y_dtype)
+            if need[4]:
                 y = ctx.recipe.output(kept, params)
-                dw = fusion.weight_grad(grad_out, y)
-            if ctx.has_bias and need[4]:
+                dw = _dw(ctx.f8, grad_out, y)
+            if ctx.has_bias and need[5]:
                 db = _bias_grad(grad_out)
-        return (dy, None, None, dw, db) + (None,) * len(rest)
+        return (dy, None, None, None, dw, db) + (None,) * len(rest)
 
 
 class _SavedLinearFn(torch.autograd.Function):
     """linear(x) keeping x (quantized in spec, or by reference)."""
 
     @staticmethod
-    def forward(ctx, x, spec, backend, nk: int, weight, bias, *kept):
+    def forward(ctx, x, spec, backend, nk: int, f8, weight, bias, *kept):
         ctx.save_for_backward(weight, *kept)
-        ctx.spec, ctx.backend, ctx.has_bias = spec, backend, bias is not None
+        ctx.spec, ctx.backend, ctx.has_bias, ctx.f8 = spec, backend, bias is not None, f8
         ctx.shape, ctx.x_dtype, ctx.amp = x.shape, x.dtype, amp_state(x.device.type)
-        return F.linear(x, weight, bias)
+        return _fwd(f8, x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -192,12 +205,12 @@ class _SavedLinearFn(torch.autograd.Function):
         dx = dw = db = None
         with amp_context(ctx.amp):
             if need[0]:
-                dx = fusion.input_grad(grad_out, weight).to(ctx.x_dtype)
-            if need[4]:
-                dw = fusion.weight_grad(grad_out, _load(kept, ctx.spec, ctx.backend, ctx.shape, ctx.x_dtype))
-            if ctx.has_bias and need[5]:
+                dx = _dx(ctx.f8, grad_out, weight).to(ctx.x_dtype)
+            if need[5]:
+                dw = _dw(ctx.f8, grad_out, _load(kept, ctx.spec, ctx.backend, ctx.shape, ctx.x_dtype))
+            if ctx.has_bias and need[6]:
                 db = _bias_grad(grad_out)
-        return (dx, None, None, None, dw, db) + (None,) * len(kept)
+        return (dx, None, None, None, None, dw, db) + (None,) * len(kept)
 
 
 def linear(mod: torch.nn.Module, st: Any, x: torch.Tensor, alias: bool) -> torch.Tensor:
@@ -205,11 +218,11 @@ def linear(mod: torch.nn.Module, st: Any, x: torch.Tensor, alias: bool) -> torch
     e = _source(st, x) if st.expect else None
     if e is not None:
         _, kept, params, recipe = e
-        return _RecomputedLinearFn.apply(x, recipe, len(kept), w, b, *kept, *params)
+        return _RecomputedLinearFn.apply(x, recipe, len(kept), st.float8, w, b, *kept, *params)
     # a partial view of a norm output (logits_to_keep > 0) keeps its own input, in linear_input's format
     spec = None if alias else st.fmts[st.role]
     kept = _keep(x, spec, st.backend, st.role) if w.requires_grad else ()
-    return _SavedLinearFn.apply(x, spec, st.backend, len(kept), w, b, *kept)
+    return _SavedLinearFn.apply(x, spec, st.backend, len(kept), st.float8, w, b, *kept)
 
 
 # ---- SwiGLU -------------------------------------------------------------------------------------------
@@ -219,19 +232,20 @@ class _SwiGLUFn(torch.autograd.Function):
     gate_up), down w/b, then the kept tensors of x, then the norm's parameters."""
 
     @staticmethod
-    def forward(ctx, x, act, recipe, x_spec, act_spec, backend, nkx: int, *tensors):
+    def forward(ctx, x, act, recipe, x_spec, act_spec, backend, nkx: int, f8, *tensors):
         wg, bg, wu, bu, wd, bd = tensors[:6]
         rest = tensors[6:]
+        fg, fu, fd = f8 or (None, None, None)
         if wu is None:  # one gate_up projection, as the model computes it, then its two halves
             g, u = F.linear(x, wg, bg).chunk(2, dim=-1)
         else:
-            g, u = F.linear(x, wg, bg), F.linear(x, wu, bu)
+            g, u = _fwd(fg, x, wg, bg), _fwd(fu, x, wu, bu)
         kg = _keep(g, act_spec, backend, "mlp_act_input")
         ku = _keep(u, act_spec, backend, "mlp_act_input")
-        out = F.linear(act(g) * u, wd, bd)
+        out = _fwd(fd, act(g) * u, wd, bd)
         ctx.save_for_backward(wg, wu, wd, *kg, *ku, *rest)
         ctx.act, ctx.recipe, ctx.x_spec, ctx.act_spec, ctx.backend = act, recipe, x_spec, act_spec, backend
-        ctx.nkx, ctx.nka = nkx, len(kg)
+        ctx.nkx, ctx.nka, ctx.f8 = nkx, len(kg), (fg, fu, fd)
         ctx.biases = (bg is not None, bu is not None, bd is not None)
         ctx.g_shape, ctx.a_dtype = g.shape, g.dtype
         ctx.x_shape, ctx.x_dtype, ctx.amp = x.shape, x.dtype, amp_state(x.device.type)
@@ -243,20 +257,22 @@ class _SwiGLUFn(torch.autograd.Function):
         na, nkx = ctx.nka, ctx.nkx
         kg, ku, kx, params = rest[:na], rest[na:2 * na], rest[2 * na:2 * na + nkx], rest[2 * na + nkx:]
         need = ctx.needs_input_grad
-        nw = need[7:13]  # the six weight/bias slots after x, act, recipe, x_spec, act_spec, backend, nkx
+        nw = need[8:14]  # the six weight/bias slots after x, act, recipe, x_spec, act_spec, backend, nkx, f8
         fused = wu is None
+        fg, fu, fd = ctx.f8
         with amp_context(ctx.amp):
             go = grad_out.reshape(-1, grad_out.shape[-1])
             g = _load(kg, ctx.act_spec, ctx.backend, ctx.g_shape, ctx.a_dtype).reshape(go.shape[0], -1)
             u = _load(ku, ctx.act_spec, ctx.backend, ctx.g_shape, ctx.a_dtype).reshape(go.shape[0], -1)
             a, act_vjp = torch.func.vjp(ctx.act, g)
-            dwd = fusion.weight_grad(go, a * u) if nw[4] else None
+            dwd = _dw(fd, go, a * u) if nw[4] else None
             dbd = _bias_grad(go) if ctx.biases[2] and nw[5] else None
-            dh = fusion.input_grad(go, wd)
+            dh = _dx(fd, go, wd)
             du = dh * a
             (dg,) = act_vjp(dh * u)
             douts = [torch.cat([dg, du], dim=-1)] if fused else [dg, du]
             ws = [wg] if fused else [wg, wu]
+            fs = [None] if fused else [fg, fu]
             xc = None
             if nw[0] or (not fused and nw[2]):
                 if ctx.recipe is not None:
@@ -266,19 +282,19 @@ class _SwiGLUFn(torch.autograd.Function):
                 xc = xc.reshape(go.shape[0], -1)
             dW, dB = [], []
             for j, dy in enumerate(douts):
-                dW.append(fusion.weight_grad(dy, xc) if nw[2 * j] else None)
+                dW.append(_dw(fs[j], dy, xc) if nw[2 * j] else None)
                 dB.append(_bias_grad(dy) if ctx.biases[j] and nw[2 * j + 1] else None)
             dx = None
             if need[0]:
-                for dy, w in zip(douts, ws):
-                    term = fusion.input_grad(dy, w).to(ctx.x_dtype)
+                for dy, w, f in zip(douts, ws, fs):
+                    term = _dx(f, dy, w).to(ctx.x_dtype)
                     dx = term if dx is None else dx + term
                 dx = dx.view(ctx.x_shape)
         if fused:
             dW.append(None)
             dB.append(None)
         grads = (dW[0], dB[0], dW[1], dB[1], dwd, dbd)
-        return (dx,) + (None,) * 6 + grads + (None,) * len(rest)
+        return (dx,) + (None,) * 7 + grads + (None,) * len(rest)
 
 
 def swiglu(mod: torch.nn.Module, st: Any, x: torch.Tensor, mods: Sequence[torch.nn.Module], act: Callable) -> torch.Tensor:
@@ -299,4 +315,4 @@ def swiglu(mod: torch.nn.Module, st: Any, x: torch.Tensor, mods: Sequence[torch.
         need_x = gm.weight.requires_grad or (um is not None and um.weight.requires_grad)
         kept = _keep(x, x_spec, st.backend, "linear_input") if need_x else ()
         extra, nkx = kept, len(kept)
-    return _SwiGLUFn.apply(x, act, recipe, x_spec, st.fmts["mlp_act_input"], st.backend, nkx, *lin, *extra)
+    return _SwiGLUFn.apply(x, act, recipe, x_spec, st.fmts["mlp_act_input"], st.backend, nkx, st.float8, *lin, *extra)
