@@ -708,18 +708,13 @@ def _layer_profile(args, env) -> dict | None:
 def _read_layer_costs(paths, hidden, reports=None) -> dict:
     """bench_layer_profile JSONs (``--layer-costs A.json[,B.json]``: e.g. the 2026-12-01 32K profile and a 64K one
     measured later) as one profile: the first file's report with ``costs`` merged over all (a later file's
-    (seq, method) wins), each file's saved bytes corrected for its own input (input_leaf_correction)."""
+    (seq, method) wins), each file's saved bytes corrected for its own input
+    (agoq_core.planner.budget.load_layer_costs)."""
     _use_checkout()
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import bench_layer_profile as lp
+    from agoq_core.planner.budget import load_layer_costs
 
     reports = reports if reports is not None else [json.loads(Path(p).read_text()) for p in paths.split(",") if p]
-    costs, notes = {}, []
-    for rep in reports:
-        c, n = lp.input_leaf_correction(rep.get("costs") or {}, hidden, meta=rep.get("meta"))
-        notes += n
-        for seq, by in c.items():
-            costs.setdefault(seq, {}).update(by)
+    costs, notes = load_layer_costs(reports, hidden=hidden)
     out = dict(reports[0], costs=costs)
     if len(reports) > 1:
         out["merged_from"] = [p for p in paths.split(",") if p] if paths else len(reports)

@@ -481,33 +481,17 @@ def costs(rows) -> dict:
     return out
 
 
-#: meta["input"] of a profile whose saved bytes were measured with a non-leaf layer input (since 2026-12-02).
+#: meta["input"] of this profile (= agoq_core.planner.budget.INPUT_NON_LEAF): saved bytes measured with a
+#: non-leaf layer input (since 2026-12-02).
 INPUT_NON_LEAF = "non-leaf"
-#: Methods that do not keep their bf16 input: a profile measured with a leaf input (no meta["input"]) counted it
-#: for them (docs/bench/h200-2026-12-01-s2: bf16, laaq:nf4, laaq:int8 and qckpt:nf4 each measured exactly
-#: 2 x T x h bytes (+ <= 1 KiB) above the planner's byte-exact count; laaq-c:nf4 measured the same bytes as
-#: laaq:nf4). Methods that keep the input anyway (ckpt, sac, and -- not known, so left as measured, at worst
-#: 2 x T x h high -- compiled plain and the attention half of laaq-mlp) are unaffected.
-_LEAF_COUNTED = ("bf16", "laaq", "laaq-c", "qckpt", "qckpt-c")
 
 
-def input_leaf_correction(costs: dict, hidden: int, batch: int = 1, meta: dict | None = None) -> tuple[dict, list]:
-    """``costs`` ({seq: {method: {saved_bytes, ...}}}) of a profile measured before INPUT_NON_LEAF with the
-    layer input's bytes (2 x batch x seq x hidden, bf16) taken off the methods of _LEAF_COUNTED; unchanged
-    for a newer profile. Returns (costs, notes)."""
-    if (meta or {}).get("input") == INPUT_NON_LEAF:
-        return costs, []
-    out, notes = {}, []
-    for seq, by in costs.items():
-        out[seq] = {}
-        for m, c in by.items():
-            kind = m.split(":")[0]
-            if kind in _LEAF_COUNTED:
-                x = 2 * batch * int(seq) * hidden
-                c = dict(c, saved_bytes=max(0, int(c["saved_bytes"]) - x))
-                notes.append(f"{m}@{seq}: saved - {x} B (the leaf input the old profile counted)")
-            out[seq][m] = c
-    return out, notes
+def input_leaf_correction(costs, hidden, batch=1, meta=None):
+    """agoq_core.planner.budget.input_leaf_correction (the planner that reads the costs owns it)."""
+    _use_checkout()
+    from agoq_core.planner.budget import input_leaf_correction as correct
+
+    return correct(costs, hidden, batch, meta)
 
 
 def _seqs(text):

@@ -83,9 +83,35 @@ def _run_budget(args: argparse.Namespace) -> int:
 
     if args.cluster:
         raise PlannerError("--budget plans one device and --cluster predicts a cluster; give one of them")
-    plan = plan_budget(_load_model(args.model), budget=args.budget, seq_len=args.seq_len,
+    model = _load_model(args.model)
+    options = args.options or ",".join(DEFAULT_OPTIONS)
+    measured = None
+    if args.layer_costs:
+        from agoq_core.planner.budget import load_layer_costs, parse_option
+        from agoq_core.planner.model import model_shape
+
+        costs, _ = load_layer_costs(args.layer_costs.split(","), hidden=model_shape(model).hidden)
+        if args.microbatch_size != 1:
+            raise PlannerError("--layer-costs: bench_layer_profile measures one sequence per layer; plan with "
+                               "--microbatch-size 1, or measure the batch you train with")
+        measured = costs.get(str(args.seq_len))
+        if not measured:
+            raise PlannerError(f"--layer-costs has no costs at {args.seq_len} tokens (it has "
+                               f"{', '.join(sorted(costs, key=int)) or 'none'}); profile that length "
+                               "(benchmarks/bench_layer_profile.py --seqs ...) or plan with the analytic costs")
+        usable = []
+        for name in measured:  # the profile's float8 variants (fp8-..., fp8attn+...) are not plan options
+            try:
+                parse_option(name)
+                usable.append(name)
+            except PlannerError:
+                pass
+        measured = {k: measured[k] for k in usable}
+        if not args.options:  # the measured options first, then the analytic eager ones
+            options = ",".join(dict.fromkeys(usable + list(DEFAULT_OPTIONS)))
+    plan = plan_budget(model, budget=args.budget, seq_len=args.seq_len,
                        batch=args.microbatch_size, device=args.device or "H200",
-                       options=args.options or ",".join(DEFAULT_OPTIONS), loss=args.loss or "chunked",
+                       options=options, loss=args.loss or "chunked", measured=measured,
                        headroom=args.headroom if args.headroom is not None else 0.02)
     print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.render())
     return 0
@@ -97,7 +123,8 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.budget:
         return _run_budget(args)
-    given = [f"--{k}" for k in ("device", "options", "loss", "headroom") if getattr(args, k) is not None]
+    given = [f"--{k.replace('_', '-')}" for k in ("device", "options", "loss", "headroom", "layer_costs")
+             if getattr(args, k) is not None]
     if given:
         raise PlannerError(f"{', '.join(given)} belong to the memory-budget policy and need --budget (e.g. --budget "
                            "80GiB --model llama2-7b --seq-len 32768)")
@@ -223,4 +250,8 @@ def register(p: argparse.ArgumentParser) -> None:
     b.add_argument("--loss", default=None, choices=("chunked", "hf"),
                    help="loss the training uses: chunked/fused linear cross-entropy, or the model's own [chunked]")
     b.add_argument("--headroom", type=float, default=None, help="share of the budget left to the allocator [0.02]")
+    b.add_argument("--layer-costs", default=None, metavar="JSON[,JSON]",
+                   help="measured per-layer costs (benchmarks/bench_layer_profile.py reports) at --seq-len: their "
+                        "options (compiled ones included: bf16-c, laaq-c:nf4, qckpt-c:nf4, ckpt-c, ...) replace the "
+                        "time model's")
     p.set_defaults(func=_run)

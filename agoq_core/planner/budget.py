@@ -76,7 +76,7 @@ from agoq_core.planner.model import TransformerShape, model_shape
 
 __all__ = ["plan_budget", "BudgetPlan", "LayerOption", "layer_options", "solve_budget", "HeadCost", "head_cost",
            "DEFAULT_OPTIONS", "parse_option", "BUDGET_STATIC", "LAAQ_TRANSIENT_FIT", "plan_for_choices",
-           "sequence_peak", "option_name"]
+           "sequence_peak", "option_name", "load_layer_costs", "input_leaf_correction"]
 
 Loss = Literal["chunked", "hf"]
 
@@ -236,6 +236,63 @@ def layer_options(shape: TransformerShape, *, seq_len: int, batch: int = 1, devi
             out.append(LayerOption(name, get_format(fmt).storage_bytes(T * h), plain + work + 2 * T * h,
                                    base + recompute + codec))
     return out
+
+
+#: meta["input"] of a bench_layer_profile report whose saved bytes were measured with a non-leaf layer input
+#: (since 2026-12-02).
+INPUT_NON_LEAF = "non-leaf"
+#: Methods that do not keep their bf16 input: a profile measured with a leaf input (no meta["input"]) counted it
+#: for them (docs/bench/h200-2026-12-01-s2: bf16, laaq:nf4, laaq:int8 and qckpt:nf4 each measured exactly
+#: 2 x T x h bytes (+ <= 1 KiB) above the planner's byte-exact count; laaq-c:nf4 measured the same bytes as
+#: laaq:nf4). Methods that keep the input anyway (ckpt, sac, and -- not known, so left as measured, at worst
+#: 2 x T x h high -- compiled plain and the attention half of laaq-mlp) are unaffected.
+_LEAF_COUNTED = ("bf16", "laaq", "laaq-c", "qckpt", "qckpt-c")
+
+
+def input_leaf_correction(costs: Mapping, hidden: int, batch: int = 1, meta: Mapping | None = None
+                          ) -> tuple[dict, list[str]]:
+    """``costs`` ({seq: {method: {saved_bytes, ...}}}) of a profile measured before INPUT_NON_LEAF with the
+    layer input's bytes (2 x batch x seq x hidden, bf16) taken off the methods of _LEAF_COUNTED; unchanged
+    for a newer profile. Returns (costs, notes)."""
+    if (meta or {}).get("input") == INPUT_NON_LEAF:
+        return {k: dict(v) for k, v in costs.items()}, []
+    out: dict = {}
+    notes = []
+    for seq, by in costs.items():
+        out[seq] = {}
+        for m, c in by.items():
+            if m.split(":")[0] in _LEAF_COUNTED:
+                x = 2 * batch * int(seq) * hidden
+                c = dict(c, saved_bytes=max(0, int(c["saved_bytes"]) - x))
+                notes.append(f"{m}@{seq}: saved - {x} B (the leaf input the old profile counted)")
+            out[seq][m] = c
+    return out, notes
+
+
+def load_layer_costs(reports: Sequence, *, hidden: int) -> tuple[dict, list[str]]:
+    """Measured per-layer costs from ``benchmarks/bench_layer_profile.py`` reports (paths or parsed dicts):
+    {seq: {option: {saved_bytes, transient_bytes, time_s}}}, merged over the reports (a later report's (seq,
+    option) wins), each corrected for its own input (input_leaf_correction). Returns (costs, notes)."""
+    import json
+    from pathlib import Path
+
+    costs: dict = {}
+    notes: list[str] = []
+    for r in reports:
+        if not isinstance(r, Mapping):
+            try:
+                r = json.loads(Path(r).read_text())
+            except (OSError, ValueError) as exc:
+                raise PlannerError(f"cannot read the layer costs {r}: {exc}") from exc
+        if not isinstance(r.get("costs"), Mapping):
+            raise PlannerError("a layer-cost report needs 'costs' ({seq: {option: {saved_bytes, transient_bytes, "
+                               "time_s}}}), as benchmarks/bench_layer_profile.py writes")
+        batch = int((r.get("meta") or {}).get("batch", 1) or 1)
+        c, n = input_leaf_correction(r["costs"], hidden, batch, r.get("meta"))
+        notes += n
+        for seq, by in c.items():
+            costs.setdefault(str(seq), {}).update(by)
+    return costs, notes
 
 
 def head_cost(shape: TransformerShape, *, seq_len: int, batch: int = 1, device="H200",

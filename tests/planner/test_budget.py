@@ -186,3 +186,37 @@ def test_cli_budget(capsys):
     assert "memory-budget policy" in out and "predicted peak" in out and "tokens/s" in out
     assert main(["plan", "--budget", "20GiB", "--model", "llama2-7b", "--seq-len", "32768"]) != 0
     assert "need a budget of at least" in capsys.readouterr().err
+
+
+def test_cli_budget_with_measured_layer_costs(tmp_path, capsys):
+    """--layer-costs: a bench_layer_profile report's options at --seq-len (compiled ones included) replace the time
+    model's; an old (leaf-input) report is corrected; a missing length or a batch other than 1 is a clear error."""
+    import json
+
+    from agoq_core.cli.main import main
+    from agoq_core.planner.budget import load_layer_costs
+
+    gib = 1 << 30
+    costs = {"32768": {"bf16-c": {"saved_bytes": int(4.3 * gib), "transient_bytes": 1 * gib, "time_s": 0.120},
+                       "laaq-c:nf4": {"saved_bytes": int(1.9 * gib), "transient_bytes": 4 * gib, "time_s": 0.124},
+                       "fp8-sac-c": {"saved_bytes": int(1.8 * gib), "transient_bytes": 4 * gib, "time_s": 0.107}}}
+    new = tmp_path / "new.json"
+    new.write_text(json.dumps({"meta": {"batch": 1, "input": "non-leaf"}, "costs": costs}))
+    assert main(["plan", "--budget", "140GiB", "--model", "llama2-7b", "--seq-len", "32768",
+                 "--layer-costs", str(new)]) == 0
+    out = capsys.readouterr().out
+    assert "bf16-c" in out and "laaq-c:nf4" in out and "fp8-sac-c" not in out  # float8 variants are not options
+    assert main(["plan", "--budget", "140GiB", "--model", "llama2-7b", "--seq-len", "16384",
+                 "--layer-costs", str(new)]) != 0
+    assert "no costs at 16384 tokens (it has 32768)" in capsys.readouterr().err
+    assert main(["plan", "--budget", "140GiB", "--model", "llama2-7b", "--seq-len", "32768", "--microbatch-size",
+                 "2", "--layer-costs", str(new)]) != 0
+    assert "--microbatch-size 1" in capsys.readouterr().err
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"meta": {"batch": 1}, "costs": costs}))  # measured with a leaf input
+    got, notes = load_layer_costs([str(old), str(new)], hidden=4096)
+    assert got["32768"]["bf16-c"]["saved_bytes"] == int(4.3 * gib)  # the later (non-leaf) report wins
+    got, notes = load_layer_costs([str(old)], hidden=4096)
+    assert got["32768"]["laaq-c:nf4"]["saved_bytes"] == int(1.9 * gib) - 2 * 32768 * 4096 and len(notes) == 1
+    assert main(["plan", "--budget", "140GiB", "--seq-len", "32768", "--layer-costs", str(tmp_path / "no.json")]) != 0
+    assert "cannot read the layer costs" in capsys.readouterr().err
