@@ -118,6 +118,9 @@ def parse(argv=None):
     ap.add_argument("--steps", type=int, default=2,
                     help="timed steps per point after one warm-up [2]; 0 = one step only, with gradients and optimizer "
                          "state allocated before it (its tokens/s includes compilation) [--longest: 0]")
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="untimed steps before the timed ones [1]: the first compiles and allocates the optimizer "
+                         "state; more exclude other one-time costs of later steps")
     ap.add_argument("--layers", type=int, default=None, help="override the 32 decoder layers")
     ap.add_argument("--budget-s", type=float, default=None, help="start no process after this many seconds")
     ap.add_argument("--cell-timeout-s", type=float, default=None,
@@ -555,6 +558,8 @@ def run_cell(cell):
                 t0 = time.perf_counter()
                 res["loss"] = _step(model, ids, loss_kind, opt, offload)  # warm-up: compile, optimizer states
                 res["first_step_s"] = time.perf_counter() - t0
+                for _ in range(cell.get("warmup", 1) - 1 if cell["steps"] else 0):  # --warmup N: more untimed steps
+                    _step(model, ids, loss_kind, opt, offload)
                 if cuda:
                     torch.cuda.synchronize()
                     res["warmup_peak_bytes"] = torch.cuda.max_memory_allocated(device)
@@ -634,7 +639,8 @@ def _seqs(text, smoke):
 
 def _cells(args, measured=None):
     dev = "cpu" if args.smoke else "cuda"
-    common = dict(device=dev, smoke=args.smoke, layers=args.layers, steps=args.steps, batch=args.batch,
+    common = dict(device=dev, smoke=args.smoke, layers=args.layers, steps=args.steps, warmup=args.warmup,
+                  batch=args.batch,
                   fake_oom_above=args.fake_oom_above, measured=measured,
                   compile_backend=args.compile_backend or ("eager" if args.smoke else "inductor"))
     configs = args.configs.split(",") if args.configs else None
@@ -645,6 +651,8 @@ def _cells(args, measured=None):
         raise SystemExit("give --cap-gib or --caps, not both")
     caps_arg = f"{args.cap_gib:g}" if args.cap_gib is not None else args.caps
     out = []
+    if args.warmup < 1:
+        raise SystemExit("--warmup must be >= 1 (the first step compiles and allocates the optimizer state)")
     if args.longest:
         if configs is not None or args.quick:
             raise SystemExit("--longest runs its own configurations; drop --configs / --quick")
@@ -935,7 +943,7 @@ def main(argv=None):
                           for r in got), flush=True)
     report = {"meta": _environment("cpu" if args.smoke else "cuda") | {
         "model": "tiny LLaMA (CPU smoke)" if args.smoke else "LLaMA-2-7B shapes", "batch": 1,
-        "steps": args.steps, "quick": args.quick, "wall_s": round(time.time() - t_start, 1), "skipped": skipped},
+        "steps": args.steps, "warmup": args.warmup, "quick": args.quick, "wall_s": round(time.time() - t_start, 1), "skipped": skipped},
         "runs": rows, "summary": summarize(rows), "layer_profile": layer_profile}
     print(table(rows, args.smoke))
     for c in report["summary"]["agoq_vs_fastest_alternative"]:

@@ -54,7 +54,7 @@ for spec in "$@"; do
     # LAAQ with float8 GEMMs against compiled float8 + SAC (issue 18's bar): one layer at 32K, then the whole model
     float8-laaq) cmd=(bash -c "python3 benchmarks/bench_layer_profile.py --seqs 32K --methods fp8-sac-c,fp8-laaq-c:nf4,fp8-bf16-c,laaq-c:nf4 \
                       --no-profile --reps 2 --warmup 1 --json \"\$OUT/bench_layer_profile_fp8.json\" && python3 benchmarks/bench_equal_memory.py \
-                      --configs fp8-c,laaq-fp8-c --caps 0 --seqs 32K --steps 4 --cell-timeout-s 200 --json \"\$OUT/bench_equal_memory_fp8.json\"") ;;
+                      --configs fp8-c,laaq-fp8-c --caps 0 --seqs 32K --steps 4 --warmup 2 --cell-timeout-s 200 --json \"\$OUT/bench_equal_memory_fp8.json\"") ;;
     # issue 17's 7B goal with both sides compiled: plain vs LAAQ (nf4, chunked loss) at 16K, whole device, 3 steps
     laaq-16k) cmd=(python3 benchmarks/bench_equal_memory.py --configs plain-c,laaq-c --caps 0 --seqs 16K --steps ${LAAQ16K_STEPS:-3} \
                    --cell-timeout-s $(( (secs - 10) / 2 )) --json "$OUT/bench_equal_memory_16k.json") ;;

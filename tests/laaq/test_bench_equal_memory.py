@@ -334,3 +334,11 @@ def test_merge_runs_newest_row_wins_and_reach_bounds(bench, tmp_path, capsys):
     assert m["summary"]["reach"]["qckpt-c@0"] == {"fits": 4096, "oom": None}
     with pytest.raises(SystemExit, match="cannot read"):
         bench.main(["--merge", str(tmp_path / "missing.json")])
+
+
+def test_warmup_steps_are_untimed(bench):
+    (row,) = bench.run_cell(_cell("plain", [64], steps=2, warmup=3))
+    assert len(row["step_times_s"]) == 2 and not row["oom"]
+    assert bench._cells(bench.parse(["--configs", "plain", "--caps", "0", "--warmup", "2"]))[0]["warmup"] == 2
+    with pytest.raises(SystemExit, match="--warmup"):
+        bench._cells(bench.parse(["--warmup", "0"]))
