@@ -452,11 +452,12 @@ class _Converter:
     def skip(self, path: str, reason: str) -> None:
         self.report.skipped.append(Skip(path, reason))
 
-    def _linear_problem(self, m: Any) -> str | None:
-        """linear_problem, but a torchao Float8Linear is convertible with LAAQConfig(float8_gemms=True)."""
+    def _linear_problem(self, m: Any, plain: Callable[[Any], str | None] = linear_problem) -> str | None:
+        """``plain(m)``, but a torchao Float8Linear is convertible with LAAQConfig(float8_gemms=True) (and the
+        reason it is not says so)."""
         if self.config.float8_gemms and is_float8_linear(m):
             return "already converted" if is_converted(m) else None
-        problem = linear_problem(m)
+        problem = plain(m)
         if problem and is_float8_linear(m):
             problem += "; LAAQConfig(float8_gemms=True) converts it with float8 GEMMs"
         return problem
@@ -477,8 +478,7 @@ class _Converter:
                group: _Group | None = None, rel: str = "", expect: str = "", alias_hint: bool | None = None) -> bool:
         if group is not None and not any(e[0] == rel for e in group.linears):
             group.linears.append((rel, role, layer, plan, expect))
-        problem = (self._linear_problem(m) if self.config.float8_gemms else _plain_linear_problem(m)) \
-            if m is not None else "not found"
+        problem = self._linear_problem(m, _plain_linear_problem) if m is not None else "not found"
         if problem:
             self.skip(path, problem)
             return False

@@ -86,8 +86,9 @@ def test_float8_path_runs_compiled_only_and_is_opt_in():
         model(input_ids=batch(b=1, s=16))
     other = _float8_model()
     rep = laaq.apply(other, LAAQConfig())
-    reasons = [s.reason for s in rep.skipped]
-    assert any("Float8Linear" in r and "float8_gemms=True" in r for r in reasons), reasons
+    reasons = {s.path: s.reason for s in rep.skipped}
+    assert "model.layers.0.self_attn.q_proj" in reasons and "model.layers.0.mlp" in reasons, reasons
+    assert all("Float8Linear" in r and "float8_gemms=True" in r for r in reasons.values()), reasons
     with pytest.raises(TypeError, match="float8_gemms"):
         LAAQConfig(float8_gemms="yes")
 
