@@ -44,6 +44,10 @@ def _opt(default: Any, group: str, help: str, **flag: Any) -> Any:
     return field(default=default, metadata={"group": group, "help": help, **flag})
 
 
+#: torch.compile backends ``--compile`` takes ("" = eager).
+COMPILE_BACKENDS = ("", "inductor", "aot_eager", "eager")
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """Everything that defines a run. ``agoq train --help`` documents each field."""
@@ -79,6 +83,9 @@ class TrainConfig:
     pp_microbatches: int = _opt(0, HARDWARE, "pipeline micro-batches per step (default: 2*pp)")
     pp_schedule: str = _opt("1f1b", HARDWARE, "gpipe, 1f1b (default) or interleaved-1f1b")
     threads: int = _opt(0, HARDWARE, "torch threads per process, 0 = cores / processes")
+    compile: str = _opt("", HARDWARE, "torch.compile every decoder layer in every arm with this backend (inductor, "
+                        "aot_eager, eager; LAAQ runs its traceable path inside): the comparison a compiling user "
+                        "makes; empty = eager (default)", metavar="BACKEND")
     virtual_ranks: int = _opt(0, HARDWARE, "simulate W data-parallel ranks in this one process (a numerics tool, "
                               "not a speed model): each step runs the W ranks' micro-batches, split as --nproc W "
                               "splits the data, and reduces their gradients with the collective's own arithmetic; "
@@ -164,6 +171,11 @@ class TrainConfig:
                 f"--pp {self.pp} with --nproc {self.nproc} would mean {self.dp} data-parallel pipeline replicas, "
                 f"which agoq train does not run yet; use --nproc {self.pp}"
             )
+        if self.compile not in COMPILE_BACKENDS:
+            raise ConfigError(f"compile must be one of {', '.join(b for b in COMPILE_BACKENDS if b)} (or empty: "
+                              f"eager), got {self.compile!r}")
+        if self.compile and self.pp > 1:
+            raise ConfigError("--compile with --pp is not supported yet (the pipeline stages run eagerly); drop one")
         if self.pp_schedule not in ("gpipe", "1f1b", "interleaved-1f1b"):
             raise ConfigError(f"pp_schedule must be gpipe, 1f1b or interleaved-1f1b, got {self.pp_schedule!r}")
         if self.pp > 1 and self.pp_microbatches and self.pp_microbatches < self.pp:

@@ -141,6 +141,13 @@ def train_arm(name: str, cfg: TrainConfig, rt: Runtime, corpus: Corpus,
     except ArmUnavailable as exc:
         res.status, res.reason = "unavailable", str(exc)
         return res
+    if cfg.compile:  # after LAAQ's conversion: its converted modules run their traceable path in the graph
+        from agoq_core.laaq.policy import decoder_layers
+
+        layers = decoder_layers(model)
+        for _, _, layer in layers:
+            layer.compile(backend=cfg.compile)
+        arm.notes.append(f"{len(layers)} decoder layers torch.compile'd (backend {cfg.compile})")
     res.notes += arm.notes
     schedule = lr_schedule(arm.optimizer, cfg)
     model.train()
@@ -151,8 +158,10 @@ def train_arm(name: str, cfg: TrainConfig, rt: Runtime, corpus: Corpus,
         _sync(rt)
         mem_stats.reset_peak_memory_stats(rt.device)
     scale = 1.0 / cfg.grad_accum
-    # A pipeline's first step also runs the stages' shape inference: measure its second step instead.
-    measure_step = 1 if (cfg.pp > 1 and cfg.steps > 1) else 0
+    # A pipeline's first step also runs the stages' shape inference, and with --compile the first step traces
+    # the layers (not under the meter's saved-tensor hooks: torch.func, which LAAQ's traced backward uses,
+    # refuses to trace under them): measure the second step instead.
+    measure_step = 1 if ((cfg.pp > 1 or cfg.compile) and cfg.steps > 1) else 0
     timed_seconds, timed_tokens = 0.0, 0
     try:
         for step in range(cfg.steps):

@@ -259,3 +259,36 @@ def test_every_compiled_laaq_layer_shares_one_graph():
     finally:
         rep.undo()
         torch._dynamo.reset()
+
+
+def test_compiled_forward_under_saved_tensor_hooks():
+    """A memory meter or save_on_cpu around the forward of compiled LAAQ layers (agoq train --compile measures its
+    second step that way): once traced outside the hooks, the step under them gives the same loss and gradients,
+    and the hooks see the forward's saved tensors. (Tracing under the hooks is refused by torch.func, which the
+    traced backward uses; docs/laaq.md.)"""
+    import torch
+
+    from agoq_core import laaq
+    from tests.laaq.conftest import batch, tiny_model
+
+    torch._dynamo.reset()
+    model = tiny_model("llama", layers=2, hidden=128, intermediate=256)
+    laaq.apply(model)
+    for layer in model.model.layers:
+        layer.compile(backend="aot_eager")
+    ids = batch(b=2, s=32)
+
+    def step(ctx):
+        model.zero_grad(set_to_none=True)
+        with ctx:
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    import contextlib
+
+    l0, g0 = step(contextlib.nullcontext())  # traces
+    packed = []
+    l1, g1 = step(torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t.numel()) or t, lambda t: t))
+    assert packed and torch.equal(l0, l1) and all(torch.equal(g0[n], g1[n]) for n in g0)
+    torch._dynamo.reset()

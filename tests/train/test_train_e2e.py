@@ -175,3 +175,26 @@ def test_pipeline_two_stages_with_dbca_pp_plan(tmp_path):
         assert 0 < agoq["memory"][f"activations_stage{s}"] < pp["arms"][0]["memory"][f"activations_stage{s}"]
     eval_b = pp["arms"][0]["final_val_loss"]
     assert eval_b == pytest.approx(one["arms"][0]["final_val_loss"], rel=1e-4)  # gathered stages evaluate right
+
+
+def test_compile_every_arm(tmp_path):
+    """--compile BACKEND: every arm's decoder layers torch.compile'd (LAAQ's traceable path inside, QuanGrad's hooks
+    around); the same losses as the eager run; the activation meter reads the second step (the first traces)."""
+    eager = _run(tmp_path, "eager", "--micro-batch", "2", "--steps", "2")
+    comp = _run(tmp_path, "compiled", "--micro-batch", "2", "--steps", "2", "--compile", "eager")
+    a0, a1 = ({a["name"]: a for a in s["arms"]} for s in (eager, comp))
+    assert list(a1) == ["baseline", "agoq"] and all(a["status"] == "ok" for a in a1.values()), a1
+    for name in a1:
+        assert any("torch.compile'd (backend eager)" in n for n in a1[name]["notes"]), a1[name]["notes"]
+        assert a1[name]["final_train_loss"] == pytest.approx(a0[name]["final_train_loss"], rel=1e-6)
+        assert a1[name]["memory"]["activations_decoder_layers"] > 0
+    assert a1["agoq"]["memory"]["activations_decoder_layers"] < 0.4 * a1["baseline"]["memory"]["activations_decoder_layers"]
+
+
+def test_compile_option_is_checked():
+    from agoq_core.train.config import ConfigError, TrainConfig
+
+    with pytest.raises(ConfigError, match="compile must be one of inductor, aot_eager, eager"):
+        TrainConfig(compile="tensorrt-ish")
+    with pytest.raises(ConfigError, match="--compile with --pp"):
+        TrainConfig(compile="inductor", nproc=2, pp=2)
