@@ -60,9 +60,9 @@ K = 1024
 
 ALL_CONFIGS = ("plain", "plain-c", "ckpt", "ckpt-c", "ckpt-ce", "ckpt-ce-c", "partial", "partial-c", "sac", "sac-c",
                "offload", "liger", "fp8-c", "laaq", "laaq-c", "laaq-fp8-c", "laaq-liger", "qckpt", "qckpt-c", "policy",
-               "policy-c", "policy-fp8-c", "policy-m")
+               "policy-c", "policy-fp8-c", "policy-m", "policy-m-fp8")
 AGOQ = ("laaq", "laaq-c", "laaq-fp8-c", "laaq-liger", "qckpt", "qckpt-c", "policy", "policy-c", "policy-fp8-c",
-        "policy-m")
+        "policy-m", "policy-m-fp8")
 #: The longest-sequence pair (issue 18's third goal): the alternative that reaches furthest -- full checkpointing,
 #: compiled, with the chunked linear cross-entropy (no logits: as Liger's fused linear CE; the bench's ``ckpt``
 #: keeps HF's fp32 logits, which alone need 4 x T x vocab bytes) -- against AGoQ's longest reach, every layer
@@ -192,6 +192,13 @@ def _float8(model, only=None):
     for i, layer in enumerate(_layers(model)):
         if only is None or i in only:
             convert_to_float8_training(layer, module_filter_fn=lambda m, fqn: isinstance(m, nn.Linear))
+
+
+def _emulated_float8():
+    """torchao's float8 config with its CPU emulation (--smoke: the logic, no float8 hardware)."""
+    from torchao.float8 import Float8LinearConfig
+
+    return Float8LinearConfig(emulate=True)
 
 
 def _optimizer(model, device):
@@ -328,6 +335,28 @@ def _setup(model, config, seq, cell, device, state):
         desc.update(_plan_desc(plan), costs="measured (bench_layer_profile) + analytic for the rest" if measured else (
             "analytic (fallback after 2 measured-cost plans ran out of memory)" if state.get("analytic") else "analytic"))
         apply_policy(model, plan, compile_backend=be)
+        return "chunked", desc
+    elif base == "policy-m-fp8":  # float8 on every decoder Linear, LAAQ with float8 GEMMs, planned from fp8-* costs
+        from agoq_core.laaq.policy import apply_policy
+        from agoq_core.planner.budget import parse_option
+
+        measured = {}
+        for name, c in ((cell.get("measured") or {}).get(str(seq)) or {}).items():
+            if name.startswith("fp8-"):
+                try:
+                    kind, _ = parse_option(name[4:])
+                except Exception:  # noqa: BLE001 - a profile method that is no plan option
+                    continue
+                if kind.endswith("-c") or kind in ("bf16", "ckpt", "sac", "qckpt"):
+                    measured[name[4:]] = c
+        if not measured:
+            raise ValueError(f"policy-m-fp8 plans from measured float8 per-layer costs (bench_layer_profile methods "
+                             f"fp8-..., e.g. fp8-laaq-c:nf4, fp8-sac-c) at {seq} tokens; --layer-costs has none")
+        headroom = state.setdefault("headroom", POLICY_HEADROOM[0])
+        plan = _plan(cell, model, seq, ",".join(measured), "chunked", device, measured=measured, headroom=headroom)
+        desc["headroom"] = headroom
+        desc.update(_plan_desc(plan), costs="measured float8 (bench_layer_profile fp8-*)")
+        apply_policy(model, plan, compile_backend=be, float8=True if device.type == "cuda" else _emulated_float8())
         return "chunked", desc
     elif base in ("policy", "policy-fp8"):
         from agoq_core.laaq.policy import apply_policy
@@ -617,7 +646,7 @@ def run_cell(cell):
                 elif base in ("liger", "fp8") and len(state.get("chain", [])) > 1:
                     state["chain"].pop(0)
                     retry = True
-                elif base in ("policy", "policy-fp8", "policy-m") and res.get("predicted_peak_bytes"):
+                elif base in ("policy", "policy-fp8", "policy-m", "policy-m-fp8") and res.get("predicted_peak_bytes"):
                     late = sum((res.get("predicted_parts") or {}).get(k, 0) for k in ("grads", "optimizer"))
                     retry = _policy_retry(state, res, late)
             results.append(res)

@@ -2,7 +2,7 @@
 # One device call, several benchmarks: each stage gets its own time limit and writes into $OUT.
 #   bash benchmarks/gpu_session.sh STAGE[:SECONDS] ...
 # Stages: conformance, laaq, quangrad, laaq-fusion, fusion, codecs, torchtitan, equal-memory, equal-memory-m,
-# layer-profile-64k, layer-profile-qc32k, policy-80, longest, laaq-16k, float8-laaq, integrations, grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host,
+# layer-profile-64k, layer-profile-qc32k, policy-80, longest, laaq-16k, layer-profile-fp8, float8-m, integrations, grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host,
 # dequant-tiles, train-split-c. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
 set -u
 source "$(dirname "$0")/gpu_env.sh"
@@ -51,10 +51,15 @@ for spec in "$@"; do
                for f in "$OUT/bench_layer_profile_qc32k.json" "$OUT/bench_layer_profile_64k.json"; do [ -f "$f" ] && lc="$lc,$f"; done
                cmd=(python3 benchmarks/bench_equal_memory.py --configs policy-m --cap-gib 80 --seqs 32K,64K --cell-timeout-s $((secs - 20)) \
                     --layer-costs "$lc" --json "$OUT/bench_equal_memory_policy80.json") ;;
-    # LAAQ with float8 GEMMs against compiled float8 + SAC (issue 18's bar): one layer at 32K, then the whole model
-    float8-laaq) cmd=(bash -c "python3 benchmarks/bench_layer_profile.py --seqs 32K --methods fp8-sac-c,fp8-laaq-c:nf4,fp8-bf16-c,laaq-c:nf4 \
-                      --no-profile --reps 2 --warmup 1 --json \"\$OUT/bench_layer_profile_fp8.json\" && python3 benchmarks/bench_equal_memory.py \
-                      --configs fp8-c,laaq-fp8-c --caps 0 --seqs 32K --steps 4 --warmup 2 --cell-timeout-s 200 --json \"\$OUT/bench_equal_memory_fp8.json\"") ;;
+    # LAAQ with float8 GEMMs against compiled float8 + SAC (issue 18's bar): one layer at 32K (the float8 options a
+    # plan picks from), then the whole model: float8 + the fastest checkpointing that fits, LAAQ with float8 GEMMs, and
+    # the budget policy planned from the float8 costs (policy-m-fp8), 2 untimed steps each (~8 minutes in all)
+    layer-profile-fp8) cmd=(python3 benchmarks/bench_layer_profile.py --seqs 32K \
+                            --methods fp8-sac-c,fp8-laaq-c:nf4,fp8-bf16-c,fp8-ckpt-c,fp8-qckpt-c:nf4 \
+                            --no-profile --reps 2 --warmup 1 --budget-s $((secs - 30)) --json "$OUT/bench_layer_profile_fp8.json") ;;
+    float8-m) cmd=(python3 benchmarks/bench_equal_memory.py --configs fp8-c,laaq-fp8-c,policy-m-fp8 --caps 0 --seqs 32K \
+                   --steps 3 --warmup 2 --cell-timeout-s $(( (secs - 10) / 3 )) --layer-costs "$OUT/bench_layer_profile_fp8.json" \
+                   --json "$OUT/bench_equal_memory_fp8.json") ;;
     # issue 17's 7B goal with both sides compiled: plain vs LAAQ (nf4, chunked loss) at 16K, whole device, 3 steps
     laaq-16k) cmd=(python3 benchmarks/bench_equal_memory.py --configs plain-c,laaq-c --caps 0 --seqs 16K --steps ${LAAQ16K_STEPS:-3} \
                    --cell-timeout-s $(( (secs - 10) / 2 )) --json "$OUT/bench_equal_memory_16k.json") ;;

@@ -342,3 +342,18 @@ def test_warmup_steps_are_untimed(bench):
     assert bench._cells(bench.parse(["--configs", "plain", "--caps", "0", "--warmup", "2"]))[0]["warmup"] == 2
     with pytest.raises(SystemExit, match="--warmup"):
         bench._cells(bench.parse(["--warmup", "0"]))
+
+
+def test_policy_m_fp8_plans_from_float8_costs(bench):
+    """policy-m-fp8: the plan's options are the profile's fp8-* methods (prefix dropped; eager LAAQ is no float8
+    option), applied with float8 on every decoder Linear (torchao's emulation on CPU); no fp8 costs: a clear error."""
+    measured = {"64": {"fp8-laaq-c:nf4": {"saved_bytes": 1_000, "transient_bytes": 1_000, "time_s": 1e-4},
+                       "fp8-ckpt-c": {"saved_bytes": 100, "transient_bytes": 3_000, "time_s": 3e-4},
+                       "fp8-laaq:nf4": {"saved_bytes": 1, "transient_bytes": 1, "time_s": 1e-6},  # eager: dropped
+                       "bf16-c": {"saved_bytes": 1, "transient_bytes": 1, "time_s": 1e-6}}}       # not float8
+    (row,) = bench.run_cell(_cell("policy-m-fp8", [64], measured=measured))
+    assert not row.get("failed"), row.get("traceback")
+    assert set(row["choices"]) <= {"laaq-c:nf4", "ckpt-c"} and row["costs"].startswith("measured float8")
+    assert not row["oom"] and row["tokens_per_s"] > 0
+    (bad,) = bench.run_cell(_cell("policy-m-fp8", [64], measured={"64": {"bf16-c": measured["64"]["bf16-c"]}}))
+    assert "fp8-laaq-c:nf4" in bad["failed"]
