@@ -116,3 +116,24 @@ def test_policy_with_float8_everywhere():
     errs = {n: rel_err(g0[n], g1[n]) for n in g0}
     assert max(errs.values()) <= 0.35, errs
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_float8_gemms_equal_torchao_matmul(bias):
+    """The three products of Float8Gemms against torchao's own float8 linear (Float8Linear.forward and its
+    autograd backward) on one random linear: forward, input gradient and weight gradient bit for bit."""
+    from agoq_core.laaq.float8 import Float8Gemms, is_float8_linear
+
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 48, bias=bias)
+    f8 = float8.convert_to_float8_training(nn.Sequential(lin), config=float8.Float8LinearConfig(emulate=True))[0]
+    assert is_float8_linear(f8) and not is_float8_linear(nn.Linear(4, 4))
+    x = torch.randn(3, 10, 64, requires_grad=True)
+    y = f8(x)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    g = Float8Gemms.of(f8)
+    with torch.no_grad():
+        assert torch.equal(g.linear(x, f8.weight, f8.bias), y)
+        assert torch.equal(g.input_grad(dy, f8.weight), x.grad)
+        assert torch.equal(g.weight_grad(dy, x), f8.weight.grad)
