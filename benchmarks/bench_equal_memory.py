@@ -315,16 +315,9 @@ def _setup(model, config, seq, cell, device, state):
     elif base == "policy-m":
         from agoq_core.laaq.policy import apply_policy
 
-        from agoq_core.planner.budget import parse_option
+        from agoq_core.planner.budget import plan_options
 
-        def usable(name):  # the profile's float8 variants are not policy options (apply_policy has no float8)
-            try:
-                parse_option(name)
-                return True
-            except Exception:  # noqa: BLE001
-                return False
-
-        measured = {k: v for k, v in ((cell.get("measured") or {}).get(str(seq)) or {}).items() if usable(k)}
+        measured = plan_options((cell.get("measured") or {}).get(str(seq)) or {})  # float8 variants left out
         if state.get("analytic"):  # two measured-cost plans ran out of memory: the analytic eager options
             measured = {}
         analytic = "bf16,laaq:nf4,laaq:int8,sac,ckpt,qckpt:nf4,qckpt:int8"
@@ -338,17 +331,11 @@ def _setup(model, config, seq, cell, device, state):
         return "chunked", desc
     elif base == "policy-m-fp8":  # float8 on every decoder Linear, LAAQ with float8 GEMMs, planned from fp8-* costs
         from agoq_core.laaq.policy import apply_policy
-        from agoq_core.planner.budget import parse_option
+        from agoq_core.laaq.policy import NOT_FLOAT8
+        from agoq_core.planner.budget import plan_options
 
-        measured = {}
-        for name, c in ((cell.get("measured") or {}).get(str(seq)) or {}).items():
-            if name.startswith("fp8-"):
-                try:
-                    kind, _ = parse_option(name[4:])
-                except Exception:  # noqa: BLE001 - a profile method that is no plan option
-                    continue
-                if kind.endswith("-c") or kind in ("bf16", "ckpt", "sac", "qckpt"):
-                    measured[name[4:]] = c
+        measured = {k: c for k, c in plan_options((cell.get("measured") or {}).get(str(seq)) or {},
+                                                  prefix="fp8-").items() if k.split(":")[0] not in NOT_FLOAT8}
         if not measured:
             raise ValueError(f"policy-m-fp8 plans from measured float8 per-layer costs (bench_layer_profile methods "
                              f"fp8-..., e.g. fp8-laaq-c:nf4, fp8-sac-c) at {seq} tokens; --layer-costs has none")
@@ -594,10 +581,12 @@ def run_cell(cell):
                     res["warmup_peak_bytes"] = torch.cuda.max_memory_allocated(device)
                     torch.cuda.reset_peak_memory_stats(device)
                 t0 = time.perf_counter()
-                each = []
+                each, t_prev = [], t0
                 for _ in range(cell["steps"]):
                     _step(model, ids, loss_kind, opt, offload)  # float(loss) syncs: per-step wall times
-                    each.append(round(time.perf_counter() - t0 - sum(each), 4))
+                    t_now = time.perf_counter()
+                    each.append(round(t_now - t_prev, 4))
+                    t_prev = t_now
                 res["step_times_s"] = each
                 if cuda:
                     torch.cuda.synchronize()

@@ -87,28 +87,20 @@ def _run_budget(args: argparse.Namespace) -> int:
     options = args.options or ",".join(DEFAULT_OPTIONS)
     measured = None
     if args.layer_costs:
-        from agoq_core.planner.budget import load_layer_costs, parse_option
+        from agoq_core.planner.budget import load_layer_costs, plan_options
         from agoq_core.planner.model import model_shape
 
         costs, _ = load_layer_costs(args.layer_costs.split(","), hidden=model_shape(model).hidden)
         if args.microbatch_size != 1:
             raise PlannerError("--layer-costs: bench_layer_profile measures one sequence per layer; plan with "
                                "--microbatch-size 1, or measure the batch you train with")
-        measured = costs.get(str(args.seq_len))
-        if not measured:
+        if not costs.get(str(args.seq_len)):
             raise PlannerError(f"--layer-costs has no costs at {args.seq_len} tokens (it has "
                                f"{', '.join(sorted(costs, key=int)) or 'none'}); profile that length "
                                "(benchmarks/bench_layer_profile.py --seqs ...) or plan with the analytic costs")
-        usable = []
-        for name in measured:  # the profile's float8 variants (fp8-..., fp8attn+...) are not plan options
-            try:
-                parse_option(name)
-                usable.append(name)
-            except PlannerError:
-                pass
-        measured = {k: measured[k] for k in usable}
+        measured = plan_options(costs[str(args.seq_len)])  # the profile's float8 variants are not plan options
         if not args.options:  # the measured options first, then the analytic eager ones
-            options = ",".join(dict.fromkeys(usable + list(DEFAULT_OPTIONS)))
+            options = ",".join(dict.fromkeys(list(measured) + list(DEFAULT_OPTIONS)))
     plan = plan_budget(model, budget=args.budget, seq_len=args.seq_len,
                        batch=args.microbatch_size, device=args.device or "H200",
                        options=options, loss=args.loss or "chunked", measured=measured,

@@ -34,6 +34,8 @@ from agoq_core.errors import AgoqError
 __all__ = ["apply_policy", "PolicyReport", "decoder_layers", "sac_context_fn"]
 
 _ATTR = "_agoq_policy_report"
+#: Option kinds apply_policy(float8=...) refuses: LAAQ's float8 GEMMs run in whole compiled decoder layers only.
+NOT_FLOAT8 = ("laaq", "laaq-mlp", "laaq-mlp-c")
 
 
 def sac_context_fn():
@@ -182,7 +184,7 @@ def apply_policy(model: nn.Module, plan: Any, *, convert_final_norm: bool | None
                         f"decoder layers; plan for this model (plan_budget(model.config, ...))")
     parsed = [parse_option(c) for c in choices]
     if float8:
-        bad = sorted({f"{k}:{f}" for k, f in parsed if k in ("laaq", "laaq-mlp", "laaq-mlp-c")})
+        bad = sorted({f"{k}:{f}" for k, f in parsed if k in NOT_FLOAT8})
         if bad:
             raise AgoqError(f"apply_policy(float8=True): LAAQ's float8 GEMMs run in whole compiled decoder layers "
                             f"only; use laaq-c:FMT (or a checkpointing / bf16 option) instead of {', '.join(bad)}")

@@ -67,7 +67,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 from agoq_core.formats.spec import get_format
 from agoq_core.planner.errors import BudgetError, PlannerError
@@ -76,7 +76,7 @@ from agoq_core.planner.model import TransformerShape, model_shape
 
 __all__ = ["plan_budget", "BudgetPlan", "LayerOption", "layer_options", "solve_budget", "HeadCost", "head_cost",
            "DEFAULT_OPTIONS", "parse_option", "BUDGET_STATIC", "LAAQ_TRANSIENT_FIT", "plan_for_choices",
-           "sequence_peak", "option_name", "load_layer_costs", "input_leaf_correction"]
+           "sequence_peak", "option_name", "load_layer_costs", "input_leaf_correction", "plan_options"]
 
 Loss = Literal["chunked", "hf"]
 
@@ -148,6 +148,22 @@ def parse_option(name: str) -> tuple[str, str | None]:
     raise PlannerError(f"unknown budget option {name!r}; options are bf16, ckpt, sac, laaq:FMT, laaq-mlp:FMT, "
                        f"qckpt:FMT (FMT an activation format; a kind ending in -c is compiled), default "
                        f"{','.join(DEFAULT_OPTIONS)}")
+
+
+def plan_options(costs: Mapping[str, Any], *, prefix: str = "") -> dict[str, Any]:
+    """The entries of ``costs`` (a bench_layer_profile ``costs[seq]``) that are budget options, by option name.
+    ``prefix``: only methods named ``prefix + option`` (e.g. ``"fp8-"``: the float8 variants), prefix dropped;
+    without one, prefixed variants (``fp8-...``, ``fp8attn+...``) are not options and are left out."""
+    out = {}
+    for name, c in costs.items():
+        if not name.startswith(prefix):
+            continue
+        try:
+            parse_option(name[len(prefix):])
+        except PlannerError:
+            continue
+        out[name[len(prefix):]] = c
+    return out
 
 
 def option_name(kind: str, fmt: str | None) -> str:
