@@ -17,8 +17,11 @@ Configurations (``--configs``; ``-c`` = every decoder layer torch.compile'd, as 
   offload           saved tensors on the CPU (torch.autograd.graph.save_on_cpu, pinned)
   liger             Liger-Kernel (RMSNorm, SwiGLU, RoPE, fused linear CE) + the fastest of none/sac/partial/ckpt
                     that fits (needs liger_kernel + CUDA)
-  fp8-c             torchao float8 (tensorwise) on the decoder Linears, compiled, + fastest of none/sac/ckpt
-                    that fits (needs CUDA, SM89+)
+  fp8-c             torchao float8 (tensorwise) on the decoder Linears, compiled, + fastest of none/sac/partial/ckpt
+                    that fits (partial: planned from the measured fp8-bf16-c/fp8-ckpt-c costs when --layer-costs has
+                    them, then more checkpointed layers on OOM; needs CUDA, SM89+), HF's loss
+  fp8-ce-c          the same with the chunked linear cross-entropy (no logits: what a float8 user who also takes
+                    Liger's fused linear CE gets; the strongest float8 alternative)
   laaq[-c]          agoq_core.laaq.apply (nf4, paper policy) + the chunked linear cross-entropy
   laaq-liger        Liger's RMSNorm + RoPE kernels under LAAQ (LAAQ keeps the norms' 4-bit inputs and calls
                     Liger's norm; Liger's SwiGLU is left out: LAAQ's SwiGLU keeps gate/up at 4 bits where
@@ -26,6 +29,8 @@ Configurations (``--configs``; ``-c`` = every decoder layer torch.compile'd, as 
   policy[-c]        agoq_core.planner.budget.plan_budget for the cap, applied with agoq_core.laaq.apply_policy
                     + chunked CE; -c compiles the layers the plan leaves bf16/checkpointed
   policy-fp8-c      the same with float8 Linears in every layer the plan does not give to LAAQ (GPU only)
+  policy-m-fp8-qg   policy-m-fp8 with QuanGrad: gradients stored in FP8 (QuanGradDDP on one process, no master
+                    weights, the same AdamW8bit stepped bucket by bucket), planned with QuanGrad's gradient bytes
   policy-m          the policy planned from *measured* per-layer costs (benchmarks/bench_layer_profile.py, run
                     first in the same session: bytes and ms of one layer per option, compiled options included:
                     bf16-c, sac-c, laaq-c:nf4, ...), applied with apply_policy (compiling the -c layers); at a
@@ -60,9 +65,9 @@ K = 1024
 
 ALL_CONFIGS = ("plain", "plain-c", "ckpt", "ckpt-c", "ckpt-ce", "ckpt-ce-c", "partial", "partial-c", "sac", "sac-c",
                "offload", "liger", "fp8-c", "laaq", "laaq-c", "laaq-fp8-c", "laaq-liger", "qckpt", "qckpt-c", "policy",
-               "policy-c", "policy-fp8-c", "policy-m", "policy-m-fp8")
+               "policy-c", "policy-fp8-c", "policy-m", "policy-m-fp8", "policy-m-fp8-qg", "fp8-ce-c")
 AGOQ = ("laaq", "laaq-c", "laaq-fp8-c", "laaq-liger", "qckpt", "qckpt-c", "policy", "policy-c", "policy-fp8-c",
-        "policy-m", "policy-m-fp8")
+        "policy-m", "policy-m-fp8", "policy-m-fp8-qg")
 #: The longest-sequence pair (issue 18's third goal): the alternative that reaches furthest -- full checkpointing,
 #: compiled, with the chunked linear cross-entropy (no logits: as Liger's fused linear CE; the bench's ``ckpt``
 #: keeps HF's fp32 logits, which alone need 4 x T x vocab bytes) -- against AGoQ's longest reach, every layer
@@ -185,13 +190,16 @@ def _compile_layers(model, backend, only=None):
             layer.compile(backend=backend)
 
 
-def _float8(model, only=None):
+def _float8(model, only=None, emulate=False):
+    """torchao float8 training (tensorwise) on the decoder layers' Linears; ``emulate``: torchao's CPU emulation
+    (--smoke: the logic, no float8 hardware)."""
     import torch.nn as nn
     from torchao.float8 import convert_to_float8_training
 
+    kw = {"config": _emulated_float8()} if emulate else {}
     for i, layer in enumerate(_layers(model)):
         if only is None or i in only:
-            convert_to_float8_training(layer, module_filter_fn=lambda m, fqn: isinstance(m, nn.Linear))
+            convert_to_float8_training(layer, module_filter_fn=lambda m, fqn: isinstance(m, nn.Linear), **kw)
 
 
 def _emulated_float8():
@@ -201,9 +209,42 @@ def _emulated_float8():
     return Float8LinearConfig(emulate=True)
 
 
-def _optimizer(model, device):
+class _QuanGradStep:
+    """QuanGrad on one process as the bench's optimizer: backward folds every gradient into its FP8 buffer (the
+    16-bit .grad is freed at once), ``step()`` dequantizes bucket by bucket and steps the 8-bit AdamW on the bf16
+    weights (no master copy, as the other configurations), then zeroes the buffers."""
+
+    def __init__(self, model, factory):
+        from agoq_core import quangrad
+
+        self.qg = quangrad.QuanGradDDP(model, factory, config=quangrad.QuanGradConfig(
+            fmt="fp8_e4m3", master_weights="off", on_nonfinite="raise"))
+
+    def step(self):
+        self.qg.step()
+
+    def zero_grad(self, set_to_none=True):  # step() has zeroed the FP8 buffers
+        pass
+
+    def prime(self):
+        """The optimizer state before the first step (as _prime): one zero-gradient step of the inner optimizer."""
+        import torch
+
+        ps = [p for p in self.qg.module.parameters() if p.requires_grad]
+        for p in ps:
+            p.grad = torch.zeros_like(p)
+        self.qg.optimizer.step()
+        for p in ps:
+            p.grad = None
+
+
+def _optimizer(model, device, quangrad=False):
     import torch
 
+    if quangrad:
+        from torchao.optim import AdamW8bit
+
+        return _QuanGradStep(model, lambda ps: AdamW8bit(ps, lr=1e-5)), "QuanGrad fp8_e4m3 + torchao.optim.AdamW8bit"
     try:
         from torchao.optim import AdamW8bit
 
@@ -219,8 +260,8 @@ def _optimizer(model, device):
         return torch.optim.AdamW(model.parameters(), lr=1e-5), f"torch.optim.AdamW (no 8-bit optimizer: {exc})"
 
 
-def _plan(cell, model, seq, options, loss, device, measured=None, headroom=0.02):
-    from agoq_core.planner.budget import plan_budget
+def _plan(cell, model, seq, options, loss, device, measured=None, headroom=0.02, quangrad=False):
+    from agoq_core.planner.budget import BUDGET_STATIC, plan_budget
 
     import torch
 
@@ -228,6 +269,10 @@ def _plan(cell, model, seq, options, loss, device, measured=None, headroom=0.02)
 
     kw = dict(seq_len=seq, batch=cell.get("batch", 1), options=options, loss=loss, device=cell.get("profile", "H200"),
               measured=measured, headroom=headroom)
+    if quangrad:  # gradients in QuanGrad's FP8 buffers instead of bf16 .grad
+        import dataclasses
+
+        kw["static"] = dataclasses.replace(BUDGET_STATIC, grads="quangrad")
     if cell["smoke"]:  # a tiny model fits any real budget: plan to the smallest of 16 budgets that fits
         hi = plan_budget(model.config, budget=1 << 50, **kw).peak_bytes
         plan = None
@@ -239,6 +284,24 @@ def _plan(cell, model, seq, options, loss, device, measured=None, headroom=0.02)
         return plan
     budget = cell["cap_bytes"] or torch.cuda.get_device_properties(device).total_memory
     return plan_budget(model.config, budget=budget, **kw)
+
+
+def _partial_guess(cell, model, seq, loss, device, prefix):
+    """Partial checkpointing's first guess of how many layers to checkpoint: the planner with bf16/ckpt only, from
+    the measured costs of the same kind of layer (``prefix`` "fp8-": fp8-bf16-c and fp8-ckpt-c) when --layer-costs
+    has them at this length, else its analytic eager costs; every layer if nothing fits."""
+    from agoq_core.planner.budget import plan_options
+
+    measured = {k: c for k, c in plan_options((cell.get("measured") or {}).get(str(seq)) or {}, prefix=prefix).items()
+                if k in ("bf16-c", "ckpt-c")} if prefix else {}
+    try:
+        if len(measured) == 2:
+            p = _plan(cell, model, seq, "bf16-c,ckpt-c", loss, device, measured=measured)
+            return len(p.layers_with("ckpt-c"))
+        p = _plan(cell, model, seq, "bf16,ckpt", loss, device)
+        return len(p.layers_with("ckpt"))
+    except Exception:  # noqa: BLE001 - the planner says nothing fits: start from all
+        return len(_layers(model))
 
 
 def _plan_desc(plan) -> dict:
@@ -329,7 +392,7 @@ def _setup(model, config, seq, cell, device, state):
             "analytic (fallback after 2 measured-cost plans ran out of memory)" if state.get("analytic") else "analytic"))
         apply_policy(model, plan, compile_backend=be)
         return "chunked", desc
-    elif base == "policy-m-fp8":  # float8 on every decoder Linear, LAAQ with float8 GEMMs, planned from fp8-* costs
+    elif base in ("policy-m-fp8", "policy-m-fp8-qg"):  # float8 Linears, LAAQ with float8 GEMMs, fp8-* costs
         from agoq_core.laaq.policy import apply_policy
         from agoq_core.laaq.policy import NOT_FLOAT8
         from agoq_core.planner.budget import plan_options
@@ -340,9 +403,12 @@ def _setup(model, config, seq, cell, device, state):
             raise ValueError(f"policy-m-fp8 plans from measured float8 per-layer costs (bench_layer_profile methods "
                              f"fp8-..., e.g. fp8-laaq-c:nf4, fp8-sac-c) at {seq} tokens; --layer-costs has none")
         headroom = state.setdefault("headroom", POLICY_HEADROOM[0])
-        plan = _plan(cell, model, seq, ",".join(measured), "chunked", device, measured=measured, headroom=headroom)
+        qg = base.endswith("-qg")
+        state["quangrad"] = qg
+        plan = _plan(cell, model, seq, ",".join(measured), "chunked", device, measured=measured, headroom=headroom,
+                     quangrad=qg)
         desc["headroom"] = headroom
-        desc.update(_plan_desc(plan), costs="measured float8 (bench_layer_profile fp8-*)")
+        desc.update(_plan_desc(plan), costs="measured float8 (bench_layer_profile fp8-*)", quangrad=qg)
         apply_policy(model, plan, compile_backend=be, float8=True if device.type == "cuda" else _emulated_float8())
         return "chunked", desc
     elif base in ("policy", "policy-fp8"):
@@ -360,29 +426,33 @@ def _setup(model, config, seq, cell, device, state):
             _compile_layers(model, be, not_laaq)
         apply_policy(model, plan)
         return "chunked", desc
-    elif base in ("liger", "fp8"):
-        chain = state.setdefault("chain", ["none", "sac", "partial", "ckpt"] if base == "liger" else
-                                 ["none", "sac", "ckpt"])
+    elif base in ("liger", "fp8", "fp8-ce"):
+        chain = state.setdefault("chain", ["none", "sac", "partial", "ckpt"])
         mode = chain[0]
+        loss = "liger" if base == "liger" else "chunked" if base == "fp8-ce" else "hf"
         if base == "liger":
             from liger_kernel.transformers import apply_liger_kernel_to_llama
 
             apply_liger_kernel_to_llama(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
                                         fused_linear_cross_entropy=True, model=model)
         else:
-            _float8(model)
+            _float8(model, emulate=device.type != "cuda")
         if mode == "sac":
             _wrap(model, range(L), _sac_context_fn())
         elif mode == "ckpt":
             _wrap(model, range(L))
-        elif mode == "partial":
-            p = _plan(cell, model, seq, "bf16,ckpt", "chunked", device)
-            _wrap(model, range(len(p.layers_with("ckpt"))))
-            desc["ckpt_layers"] = len(p.layers_with("ckpt"))
+        elif mode == "partial":  # the fewest checkpointed layers that fit: planned, then more on OOM (run_cell)
+            n = state.get("partial_n")
+            if n is None:
+                n = _partial_guess(cell, model, seq, "chunked" if loss == "liger" else loss, device,
+                                   "fp8-" if base != "liger" else "")
+                state["partial_n"] = n
+            _wrap(model, range(n))
+            desc["ckpt_layers"] = n
         desc["checkpointing"] = mode
         if compiled:
             _compile_layers(model, be)
-        return ("hf" if base != "liger" else "liger"), desc
+        return loss, desc
     else:
         raise ValueError(f"unknown configuration {config!r}; known: {', '.join(ALL_CONFIGS)}")
     if compiled:
@@ -428,6 +498,9 @@ def _prime(model, opt):
     steady one."""
     import torch
 
+    if isinstance(opt, _QuanGradStep):
+        opt.prime()
+        return
     for p in model.parameters():
         if p.requires_grad and p.grad is None:
             p.grad = torch.zeros_like(p)
@@ -563,7 +636,7 @@ def run_cell(cell):
                 model = build(cell, device)
                 loss_kind, desc = _setup(model, config, seq, cell, device, state)
                 res.update(desc, loss_kind=loss_kind)
-                opt, res["optimizer"] = _optimizer(model, device)
+                opt, res["optimizer"] = _optimizer(model, device, state.get("quangrad", False))
                 if cell["fake_oom_above"] is not None and seq > cell["fake_oom_above"]:
                     raise _FakeOOM(f"simulated OOM above {cell['fake_oom_above']} tokens")
                 gen = torch.Generator().manual_seed(seq)
@@ -632,10 +705,14 @@ def run_cell(cell):
                 if base == "partial" and state.get("partial_n", L) < L:
                     state["partial_n"] = min(L, state["partial_n"] + max(1, L // 8))
                     retry = True
-                elif base in ("liger", "fp8") and len(state.get("chain", [])) > 1:
+                elif base in ("liger", "fp8", "fp8-ce") and state.get("chain", [None])[0] == "partial" \
+                        and state.get("partial_n", L) < L:  # partial: more checkpointed layers first
+                    state["partial_n"] = min(L, state["partial_n"] + max(1, L // 8))
+                    retry = True
+                elif base in ("liger", "fp8", "fp8-ce") and len(state.get("chain", [])) > 1:
                     state["chain"].pop(0)
                     retry = True
-                elif base in ("policy", "policy-fp8", "policy-m", "policy-m-fp8") and res.get("predicted_peak_bytes"):
+                elif base in ("policy", "policy-fp8", "policy-m", "policy-m-fp8", "policy-m-fp8-qg") and res.get("predicted_peak_bytes"):
                     late = sum((res.get("predicted_parts") or {}).get(k, 0) for k in ("grads", "optimizer"))
                     retry = _policy_retry(state, res, late)
             results.append(res)

@@ -2,7 +2,7 @@
 # One device call, several benchmarks: each stage gets its own time limit and writes into $OUT.
 #   bash benchmarks/gpu_session.sh STAGE[:SECONDS] ...
 # Stages: conformance, laaq, quangrad, laaq-fusion, fusion, codecs, torchtitan, equal-memory, equal-memory-m,
-# layer-profile-64k, layer-profile-qc32k, policy-80, longest, laaq-16k, layer-profile-fp8, float8-m, integrations, grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host,
+# layer-profile-64k, layer-profile-qc32k, policy-80, longest, laaq-16k, layer-profile-fp8, float8-m, float8-80, float8-ce, integrations, grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host,
 # dequant-tiles, train-split-c. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
 set -u
 source "$(dirname "$0")/gpu_env.sh"
@@ -60,6 +60,15 @@ for spec in "$@"; do
     float8-m) cmd=(python3 benchmarks/bench_equal_memory.py --configs fp8-c,laaq-fp8-c,policy-m-fp8 --caps 0 --seqs 32K \
                    --steps 3 --warmup 2 --cell-timeout-s $(( (secs - 10) / 3 )) --layer-costs "$OUT/bench_layer_profile_fp8.json" \
                    --json "$OUT/bench_equal_memory_fp8.json") ;;
+    # the strongest float8 alternative (float8 + the chunked loss, fastest of none/sac/partial/ckpt, partial planned from
+    # the measured fp8 costs) and the float8 budget policy with QuanGrad's FP8 gradients, under 80 GiB at 32K; the
+    # float8 profile of this session if layer-profile-fp8 ran, else the 2026-12-02 one
+    float8-80) lc=docs/bench/h200-2026-12-02-s3/bench_layer_profile_fp8.json
+               [ -f "$OUT/bench_layer_profile_fp8.json" ] && lc="$OUT/bench_layer_profile_fp8.json"
+               cmd=(python3 benchmarks/bench_equal_memory.py --configs policy-m-fp8-qg,fp8-ce-c --caps 80 --seqs 32K \
+                    --steps 3 --warmup 2 --cell-timeout-s $((secs - 20)) --layer-costs "$lc" --json "$OUT/bench_equal_memory_fp8_80qg.json") ;;
+    float8-ce) cmd=(python3 benchmarks/bench_equal_memory.py --configs fp8-ce-c --caps 0 --seqs 32K \
+                    --steps 3 --warmup 2 --cell-timeout-s $((secs - 10)) --json "$OUT/bench_equal_memory_fp8ce.json") ;;
     # issue 17's 7B goal with both sides compiled: plain vs LAAQ (nf4, chunked loss) at 16K, whole device, 3 steps
     laaq-16k) cmd=(python3 benchmarks/bench_equal_memory.py --configs plain-c,laaq-c --caps 0 --seqs 16K --steps ${LAAQ16K_STEPS:-3} \
                    --cell-timeout-s $(( (secs - 10) / 2 )) --json "$OUT/bench_equal_memory_16k.json") ;;

@@ -502,14 +502,32 @@ class QuanGradDDP(torch.nn.Module):
                         out.append(s.name)
         return out
 
+    def _step_groups(self) -> list[list[int]]:
+        """Bucket indices per optimizer call: every bucket in one call without step_per_bucket, else consecutive
+        buckets up to step_group_mb MiB of fp32 gradient per call (at least one)."""
+        nb = len(self.layout.buckets)
+        if not self.config.step_per_bucket:
+            return [list(range(nb))]
+        cap = self.config.step_group_mb * (1 << 20)
+        groups: list[list[int]] = []
+        size = 0.0
+        for bi, b in enumerate(self.layout.buckets):
+            if groups and size + 4 * b.numel <= cap:
+                groups[-1].append(bi)
+                size += 4 * b.numel
+            else:
+                groups.append([bi])
+                size = 4 * b.numel
+        return groups
+
     def _step_replicated(self, mult: float) -> None:
         opt, masters = self.optimizer, self._masters
-        groups = [range(len(self.layout.buckets))] if not self.config.step_per_bucket else \
-            [[bi] for bi in range(len(self.layout.buckets))]
-        for bis in groups:
+        for bis in self._step_groups():
             for bi in bis:
                 g = self._fp32.pop(bi, None)
-                g = (self.storage.bucket_fp32(bi) if g is None else g).mul_(mult)
+                g = self.storage.bucket_fp32(bi) if g is None else g
+                if mult != 1.0:
+                    g.mul_(mult)
                 for s in self.layout.buckets[bi].slots:
                     m = masters[s.index]
                     m.grad = g[s.offset: s.offset + s.numel].view(s.shape).to(m.dtype)

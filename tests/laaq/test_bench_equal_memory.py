@@ -357,3 +357,43 @@ def test_policy_m_fp8_plans_from_float8_costs(bench):
     assert not row["oom"] and row["tokens_per_s"] > 0
     (bad,) = bench.run_cell(_cell("policy-m-fp8", [64], measured={"64": {"bf16-c": measured["64"]["bf16-c"]}}))
     assert "fp8-laaq-c:nf4" in bad["failed"]
+
+
+def test_fp8_alternative_tries_every_checkpointing_and_grows_partial(bench):
+    """fp8-ce-c (float8 + the chunked loss): none, SAC, partial (more layers after each OOM), then full
+    checkpointing -- the fastest checkpointing that fits, partial included, as for Liger."""
+    rows = bench.run_cell(_cell("fp8-ce-c", [64], layers=4, fake_oom_above=32))
+    modes = [(r["checkpointing"], r.get("ckpt_layers")) for r in rows]
+    assert [m for m, _ in modes][:2] == ["none", "sac"] and modes[-1][0] == "ckpt", modes
+    partial = [n for m, n in modes if m == "partial"]
+    assert partial and partial == sorted(partial) and partial[-1] == 4
+    assert all(r["oom"] and r["loss_kind"] == "chunked" for r in rows)
+    (ok,) = bench.run_cell(_cell("fp8-c", [64]))  # HF's loss; fits at once (emulated float8 on CPU)
+    assert not ok["oom"] and ok["checkpointing"] == "none" and ok["loss_kind"] == "hf", ok.get("traceback")
+
+
+def test_partial_guess_plans_from_measured_fp8_costs(bench):
+    """The first partial guess of the float8 alternative comes from the profile's fp8-bf16-c / fp8-ckpt-c costs: the
+    planner checkpoints the fewest layers whose bytes fit the budget."""
+    model = bench.build(_cell("plain", [64]), __import__("torch").device("cpu"))
+    big = 1 << 40
+    measured = {"64": {"fp8-bf16-c": {"saved_bytes": big, "transient_bytes": 1, "time_s": 1e-4},
+                       "fp8-ckpt-c": {"saved_bytes": 1, "transient_bytes": 1, "time_s": 2e-4}}}
+    cell = _cell("fp8-c", [64], measured=measured, smoke=False, cap_bytes=80 << 30)
+    assert bench._partial_guess(cell, model, 64, "chunked", None, "fp8-") == 2  # a bf16 layer never fits
+    measured["64"]["fp8-bf16-c"]["saved_bytes"] = 1
+    assert bench._partial_guess(cell, model, 64, "chunked", None, "fp8-") == 0  # everything fits bf16
+
+
+def test_policy_m_fp8_with_quangrad_plans_fp8_gradients(bench):
+    """policy-m-fp8-qg: QuanGrad holds the gradients in FP8 (no bf16 .grad after backward) and the plan budgets its
+    gradient bytes (about half of bf16's); a primed single step works too."""
+    measured = {"64": {"fp8-laaq-c:nf4": {"saved_bytes": 1_000, "transient_bytes": 1_000, "time_s": 1e-4},
+                       "fp8-ckpt-c": {"saved_bytes": 100, "transient_bytes": 3_000, "time_s": 3e-4}}}
+    (plain,) = bench.run_cell(_cell("policy-m-fp8", [64], measured=measured))
+    for steps in (1, 0):
+        (row,) = bench.run_cell(_cell("policy-m-fp8-qg", [64], measured=measured, steps=steps))
+        assert not row.get("failed"), row.get("traceback")
+        assert row["quangrad"] and row["optimizer"].startswith("QuanGrad") and not row["oom"]
+        g, g0 = row["predicted_parts"]["grads"], plain["predicted_parts"]["grads"]
+        assert 0.45 < g / g0 < 0.6, (g, g0)

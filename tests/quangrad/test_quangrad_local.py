@@ -162,3 +162,36 @@ def test_bad_arguments():
     qs = QuanGradDDP(emb, optimizer_factory("sgd", lr=0.1))
     with pytest.raises(TypeError, match="sparse gradient"):
         qs(torch.tensor([1, 2])).sum().backward()
+
+
+def test_optimizer_calls_grouped_by_step_group_mb_give_the_same_weights():
+    """step_group_mb groups consecutive buckets into one optimizer call (fewer calls, host time); AdamW is
+    element-wise, so one call per bucket, grouped calls and a single call give the same bits."""
+    torch.manual_seed(0)
+    base = TinyNet().to(torch.bfloat16)
+    runs, calls = {}, {}
+    kib = 1 / 1024
+    for name, kw in {"per-bucket": dict(step_group_mb=0), "grouped": dict(step_group_mb=3 * kib),
+                     "one call": dict(step_per_bucket=False)}.items():
+        model = TinyNet().to(torch.bfloat16)
+        model.load_state_dict(base.state_dict())
+        qg = QuanGradDDP(model, optimizer_factory("adamw", lr=1e-2),
+                         config=QuanGradConfig(bucket_cap_mb=0.25 * kib, max_grad_norm=0.5, **kw))
+        n = [0]
+        qg.optimizer.register_step_pre_hook(lambda *a: n.__setitem__(0, n[0] + 1))
+        for mbs in batches(9, 0, 2, 1):
+            for x, y in mbs:
+                torch.nn.functional.mse_loss(qg(x.bfloat16()).float(), y).backward()
+            assert not qg.step().skipped
+        runs[name] = {k: p.detach().clone() for k, p in model.named_parameters()}
+        calls[name] = n[0] // 2
+        buckets = len(qg.layout.buckets)
+        groups = qg._step_groups()
+        assert sorted(b for g in groups for b in g) == list(range(buckets))
+        if name == "grouped":
+            assert all(4 * sum(qg.layout.buckets[b].numel for b in g) <= 3 * 1024 or len(g) == 1 for g in groups)
+    assert calls["per-bucket"] == buckets > calls["grouped"] > calls["one call"] == 1, calls
+    for name in ("grouped", "one call"):
+        assert all(qg_ref.bits_equal(runs["per-bucket"][k], runs[name][k]) for k in runs[name]), name
+    with pytest.raises(ValueError, match="step_group_mb"):
+        QuanGradConfig(step_group_mb=-1)
