@@ -479,8 +479,10 @@ def _profile_step(model, ids, loss_kind, opt, offload, tag):
         if t <= 0 or e.device_type != torch.autograd.DeviceType.CUDA:
             continue
         n = e.key.lower()
-        g = ("gemm" if any(k in n for k in ("gemm", "cutlass", "sm90", "nvjet", "matmul")) else
-             "attention" if any(k in n for k in ("flash", "fmha", "attention")) else
+        # attention first: cuDNN's flash kernels are named ..._sdpa_sm90_flash_... (2026-12-02 profiles counted
+        # them as GEMM time)
+        g = ("attention" if any(k in n for k in ("flash", "fmha", "attention", "sdpa")) else
+             "gemm" if any(k in n for k in ("gemm", "cutlass", "sm90", "nvjet", "matmul", "scaled_mm")) else
              "codec" if any(k in n for k in ("quant", "_codec", "agoq")) else
              "copy" if any(k in n for k in ("copy", "memcpy", "memset", "fill")) else "elementwise/other")
         groups[g] = groups.get(g, 0.0) + t / 1e3
