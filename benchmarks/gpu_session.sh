@@ -2,7 +2,7 @@
 # One device call, several benchmarks: each stage gets its own time limit and writes into $OUT.
 #   bash benchmarks/gpu_session.sh STAGE[:SECONDS] ...
 # Stages: conformance, laaq, quangrad, laaq-fusion, fusion, codecs, torchtitan, equal-memory, equal-memory-m,
-# layer-profile-64k, layer-profile-qc32k, policy-80, longest, laaq-16k, layer-profile-fp8, float8-m, float8-80, float8-ce, integrations, grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host,
+# layer-profile-64k, layer-profile-qc32k, policy-80, longest, laaq-16k, layer-profile-fp8, float8-m, float8-80, float8-ce, liger, integrations, grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host,
 # dequant-tiles, train-split-c. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
 set -u
 source "$(dirname "$0")/gpu_env.sh"
@@ -69,6 +69,10 @@ for spec in "$@"; do
                     --steps 3 --warmup 2 --cell-timeout-s $((secs - 20)) --layer-costs "$lc" --json "$OUT/bench_equal_memory_fp8_80qg.json") ;;
     float8-ce) cmd=(python3 benchmarks/bench_equal_memory.py --configs fp8-ce-c --caps 0 --seqs 32K \
                     --steps 3 --warmup 2 --cell-timeout-s $((secs - 10)) --json "$OUT/bench_equal_memory_fp8ce.json") ;;
+    # Liger-Kernel (RMSNorm, SwiGLU, RoPE, fused linear CE) + the fastest checkpointing that fits, 32K, both budgets
+    # (needs the liger_kernel wheel in .whl: docs/integrations.md)
+    liger) cmd=(python3 benchmarks/bench_equal_memory.py --configs liger --caps 0,80 --seqs 32K --steps 3 --warmup 2 \
+                --cell-timeout-s $(( (secs - 10) / 2 )) --json "$OUT/bench_equal_memory_liger.json") ;;
     # issue 17's 7B goal with both sides compiled: plain vs LAAQ (nf4, chunked loss) at 16K, whole device, 3 steps
     laaq-16k) cmd=(python3 benchmarks/bench_equal_memory.py --configs plain-c,laaq-c --caps 0 --seqs 16K --steps ${LAAQ16K_STEPS:-3} \
                    --cell-timeout-s $(( (secs - 10) / 2 )) --json "$OUT/bench_equal_memory_16k.json") ;;
