@@ -78,7 +78,9 @@ def _run_cluster(args: argparse.Namespace) -> int:
 
 
 def _run_budget(args: argparse.Namespace) -> int:
-    from agoq_core.planner.budget import DEFAULT_OPTIONS, plan_budget
+    import dataclasses
+
+    from agoq_core.planner.budget import BUDGET_STATIC, DEFAULT_OPTIONS, plan_budget
     from agoq_core.planner.errors import PlannerError
 
     if args.cluster:
@@ -98,13 +100,30 @@ def _run_budget(args: argparse.Namespace) -> int:
             raise PlannerError(f"--layer-costs has no costs at {args.seq_len} tokens (it has "
                                f"{', '.join(sorted(costs, key=int)) or 'none'}); profile that length "
                                "(benchmarks/bench_layer_profile.py --seqs ...) or plan with the analytic costs")
-        measured = plan_options(costs[str(args.seq_len)])  # the profile's float8 variants are not plan options
-        if not args.options:  # the measured options first, then the analytic eager ones
+        if args.float8:  # the profile's fp8-* methods, prefix dropped; no eager / MLP-only LAAQ (float8 refuses them)
+            from agoq_core.laaq.policy import NOT_FLOAT8
+
+            measured = {k: c for k, c in plan_options(costs[str(args.seq_len)], prefix="fp8-").items()
+                        if k.split(":")[0] not in NOT_FLOAT8}
+            if not measured:
+                raise PlannerError(f"--float8: --layer-costs has no float8 costs at {args.seq_len} tokens (methods "
+                                   "fp8-..., e.g. fp8-laaq-c:nf4, fp8-ckpt-c: benchmarks/bench_layer_profile.py)")
+            if not args.options:
+                options = ",".join(measured)
+        else:
+            measured = plan_options(costs[str(args.seq_len)])  # the profile's float8 variants are not plan options
+        if not args.options and not args.float8:  # the measured options first, then the analytic eager ones
             options = ",".join(dict.fromkeys(list(measured) + list(DEFAULT_OPTIONS)))
+    elif args.float8:
+        raise PlannerError("--float8 plans from measured float8 per-layer costs: give --layer-costs (a "
+                           "bench_layer_profile report with fp8-* methods at --seq-len)")
+    # a single-GPU user's state: bf16 gradients unless --grads says otherwise (quangrad: QuanGrad's FP8 buffers)
+    static = dataclasses.replace(BUDGET_STATIC, grads=args.grads or BUDGET_STATIC.grads, optimizer=args.optimizer,
+                                 param_bytes=args.param_bytes)
     plan = plan_budget(model, budget=args.budget, seq_len=args.seq_len,
                        batch=args.microbatch_size, device=args.device or "H200",
                        options=options, loss=args.loss or "chunked", measured=measured,
-                       headroom=args.headroom if args.headroom is not None else 0.02)
+                       headroom=args.headroom if args.headroom is not None else 0.02, static=static)
     print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.render())
     return 0
 
@@ -116,7 +135,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.budget:
         return _run_budget(args)
     given = [f"--{k.replace('_', '-')}" for k in ("device", "options", "loss", "headroom", "layer_costs")
-             if getattr(args, k) is not None]
+             if getattr(args, k) is not None] + (["--float8"] if args.float8 else [])
     if given:
         raise PlannerError(f"{', '.join(given)} belong to the memory-budget policy and need --budget (e.g. --budget "
                            "80GiB --model llama2-7b --seq-len 32768)")
@@ -148,7 +167,8 @@ def _run(args: argparse.Namespace) -> int:
         activation_budget_bytes=(parse_bytes(args.activation_budget_bytes)
                                  if args.activation_budget_bytes is not None else None),
         activations=args.activations, dtype=args.dtype, measure_device=args.measure_device,
-        static=StaticMemoryConfig(param_bytes=args.param_bytes, grads=args.grads, optimizer=args.optimizer))
+        static=StaticMemoryConfig(param_bytes=args.param_bytes, grads=args.grads or "quangrad",
+                                  optimizer=args.optimizer))
     plan = plan_for_pipeline(_load_model(args.model), **options)
     check = _torch_check(plan.spec)
     run = None
@@ -201,7 +221,8 @@ def register(p: argparse.ArgumentParser) -> None:
                    help="where LAAQ measures a 2-layer model of the shape [cpu]; use the training device "
                         "(e.g. cuda) when its attention kernel keeps other tensors")
     p.add_argument("--param-bytes", type=positive_int, default=2, help="bytes per weight (2 = bf16, 4 = fp32) [2]")
-    p.add_argument("--grads", default="quangrad", choices=("quangrad", "bf16", "fp32"), help="gradient storage")
+    p.add_argument("--grads", default=None, choices=("quangrad", "bf16", "fp32"),
+                   help="gradient storage [quangrad; with --budget: bf16, a single-GPU user's .grad]")
     p.add_argument("--optimizer", default="adam8bit", choices=("adam", "adam8bit", "sgd", "none"), help="optimizer state")
     p.add_argument("--run-check", type=non_negative_int, default=0, metavar="STEPS",
                    help="also train STEPS steps of the plan on a real CPU pipeline (one process per stage, "
@@ -246,4 +267,7 @@ def register(p: argparse.ArgumentParser) -> None:
                    help="measured per-layer costs (benchmarks/bench_layer_profile.py reports) at --seq-len: their "
                         "options (compiled ones included: bf16-c, laaq-c:nf4, qckpt-c:nf4, ckpt-c, ...) replace the "
                         "time model's")
+    b.add_argument("--float8", action="store_true",
+                   help="with --layer-costs: plan from its float8 methods (fp8-laaq-c:nf4, fp8-ckpt-c, ...): torchao "
+                        "float8 on every decoder Linear, applied with apply_policy(model, plan, float8=True)")
     p.set_defaults(func=_run)

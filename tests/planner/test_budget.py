@@ -220,3 +220,32 @@ def test_cli_budget_with_measured_layer_costs(tmp_path, capsys):
     assert got["32768"]["laaq-c:nf4"]["saved_bytes"] == int(1.9 * gib) - 2 * 32768 * 4096 and len(notes) == 1
     assert main(["plan", "--budget", "140GiB", "--seq-len", "32768", "--layer-costs", str(tmp_path / "no.json")]) != 0
     assert "cannot read the layer costs" in capsys.readouterr().err
+
+
+def test_plan_cli_float8_costs_and_fp8_gradients(tmp_path, capsys):
+    """--float8 plans from the profile's fp8-* methods (prefix dropped); --grads quangrad budgets QuanGrad's FP8
+    gradient buffers (about half of bf16's .grad, the budget-mode default)."""
+    import json
+
+    from agoq_core.cli.main import main
+
+    gib = 1 << 30
+    costs = {"32768": {"bf16-c": {"saved_bytes": int(4.3 * gib), "transient_bytes": 1 * gib, "time_s": 0.120},
+                       "fp8-laaq-c:nf4": {"saved_bytes": int(1.6 * gib), "transient_bytes": 4 * gib, "time_s": 0.102},
+                       "fp8-ckpt-c": {"saved_bytes": int(0.27 * gib), "transient_bytes": 6 * gib, "time_s": 0.126},
+                       "fp8-laaq:nf4": {"saved_bytes": 1, "transient_bytes": 1, "time_s": 1e-6}}}  # eager: refused
+    path = tmp_path / "fp8.json"
+    path.write_text(json.dumps({"meta": {"batch": 1, "input": "non-leaf"}, "costs": costs}))
+    base = ["plan", "--budget", "80GiB", "--model", "llama2-7b", "--seq-len", "32768", "--layer-costs", str(path),
+            "--json"]
+    assert main(base + ["--float8"]) == 0
+    bf = json.loads(capsys.readouterr().out)
+    assert set(bf["choices"]) <= {"laaq-c:nf4", "ckpt-c"} and "ckpt-c" in bf["choices"]
+    assert main(base + ["--float8", "--grads", "quangrad"]) == 0
+    qg = json.loads(capsys.readouterr().out)
+    assert 0.45 < qg["peak_parts"]["grads"] / bf["peak_parts"]["grads"] < 0.55
+    assert qg["choices"].count("ckpt-c") < bf["choices"].count("ckpt-c")  # the saved bytes go to LAAQ layers
+    assert main(["plan", "--budget", "80GiB", "--seq-len", "32768", "--float8"]) != 0
+    assert "give --layer-costs" in capsys.readouterr().err
+    assert main(["plan", "--float8"]) != 0
+    assert "--float8 belong" in capsys.readouterr().err
