@@ -932,25 +932,29 @@ def plot(rows, path):
     except ImportError:
         return None
     caps = sorted({r["cap_gib"] for r in rows})
+    names = list(dict.fromkeys(r["config"] for r in rows))
+    # one colour per configuration in every panel (tab20: enough for the whole matrix; tab10 repeated after 10)
+    colours = {c: plt.get_cmap("tab20")(i % 20) for i, c in enumerate(names)}
     fig, axes = plt.subplots(1, len(caps), figsize=(6.5 * len(caps), 4.5), squeeze=False)
     for ax, cap in zip(axes[0], caps):
-        for cfg in dict.fromkeys(r["config"] for r in rows):
+        for cfg in names:
             pts = sorted((r["seq"], r["tokens_per_s"]) for r in rows
                          if r["config"] == cfg and r["cap_gib"] == cap and not r.get("oom") and r.get("tokens_per_s"))
             ooms = [r["seq"] for r in rows if r["config"] == cfg and r["cap_gib"] == cap and r.get("oom")]
             if pts or ooms:
                 style = "-o" if cfg in AGOQ else "--."
-                line = ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=cfg)[0] if pts else None
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=cfg, color=colours[cfg])
                 if ooms:  # out of memory: an x on the length axis, in the configuration's colour
-                    kw = {"color": line.get_color()} if line is not None else {"label": f"{cfg} (out of memory)"}
-                    ax.plot([min(ooms)], [0], "x", markersize=9, clip_on=False, **kw)
+                    kw = {} if pts else {"label": f"{cfg} (out of memory)"}
+                    ax.plot([min(ooms)], [0], "x", markersize=9, clip_on=False, color=colours[cfg], **kw)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("sequence length (tokens)")
         ax.set_ylabel("tokens/s")
         ax.set_title(f"budget: {'whole device' if not cap else f'{cap:.0f} GiB'} (x: out of memory)")
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return str(path)
