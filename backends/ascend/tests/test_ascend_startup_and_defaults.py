@@ -3,7 +3,6 @@ that the installed torch_npu lacks, the start-up self-test, and the no-FP8 capab
 from __future__ import annotations
 
 import functools
-
 import logging
 import sys
 
@@ -147,7 +146,6 @@ def test_agoq_plan_default_candidates_follow_the_device(interp_backend, monkeypa
     import json
 
     from agoq_core.cli.main import main
-
     from agoq_core.planner import fidelity
 
     monkeypatch.setenv("AGOQ_BACKEND", "ascend")
