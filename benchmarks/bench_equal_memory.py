@@ -23,6 +23,8 @@ Configurations (``--configs``; ``-c`` = every decoder layer torch.compile'd, as 
   fp8-ce-c          the same with the chunked linear cross-entropy (no logits: what a float8 user who also takes
                     Liger's fused linear CE gets; the strongest float8 alternative)
   laaq[-c]          agoq_core.laaq.apply (nf4, paper policy) + the chunked linear cross-entropy
+  laaq-hf[-c]       the same with HF's loss (the logits kept, as plain's): LAAQ's own cost against plain, one
+                    variable changed (the chunked loss recomputes the LM head's GEMM in backward)
   laaq-liger        Liger's RMSNorm + RoPE kernels under LAAQ (LAAQ keeps the norms' 4-bit inputs and calls
                     Liger's norm; Liger's SwiGLU is left out: LAAQ's SwiGLU keeps gate/up at 4 bits where
                     Liger's keeps them in bf16) + chunked CE (needs liger_kernel + CUDA)
@@ -64,9 +66,9 @@ GIB = 1 << 30
 K = 1024
 
 ALL_CONFIGS = ("plain", "plain-c", "ckpt", "ckpt-c", "ckpt-ce", "ckpt-ce-c", "partial", "partial-c", "sac", "sac-c",
-               "offload", "liger", "fp8-c", "laaq", "laaq-c", "laaq-fp8-c", "laaq-liger", "qckpt", "qckpt-c", "policy",
+               "offload", "liger", "fp8-c", "laaq", "laaq-c", "laaq-hf", "laaq-hf-c", "laaq-fp8-c", "laaq-liger", "qckpt", "qckpt-c", "policy",
                "policy-c", "policy-fp8-c", "policy-m", "policy-m-fp8", "policy-m-fp8-qg", "fp8-ce-c")
-AGOQ = ("laaq", "laaq-c", "laaq-fp8-c", "laaq-liger", "qckpt", "qckpt-c", "policy", "policy-c", "policy-fp8-c",
+AGOQ = ("laaq", "laaq-c", "laaq-hf", "laaq-hf-c", "laaq-fp8-c", "laaq-liger", "qckpt", "qckpt-c", "policy", "policy-c", "policy-fp8-c",
         "policy-m", "policy-m-fp8", "policy-m-fp8-qg")
 #: The longest-sequence pair (issue 18's third goal): the alternative that reaches furthest -- full checkpointing,
 #: compiled, with the chunked linear cross-entropy (no logits: as Liger's fused linear CE; the bench's ``ckpt``
@@ -363,7 +365,7 @@ def _setup(model, config, seq, cell, device, state):
         desc["laaq"] = str(laaq.apply(model, LAAQConfig(float8_gemms=True)))
         _compile_layers(model, be)
         return "chunked", desc
-    elif base in ("laaq", "laaq-liger"):
+    elif base in ("laaq", "laaq-hf", "laaq-liger"):
         from agoq_core import laaq
 
         if base == "laaq-liger":
@@ -374,7 +376,7 @@ def _setup(model, config, seq, cell, device, state):
         desc["laaq"] = str(laaq.apply(model))
         if compiled:
             _compile_layers(model, be)
-        return "chunked", desc
+        return ("hf" if base == "laaq-hf" else "chunked"), desc
     elif base == "policy-m":
         from agoq_core.laaq.policy import apply_policy
 

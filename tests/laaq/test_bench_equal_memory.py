@@ -397,3 +397,10 @@ def test_policy_m_fp8_with_quangrad_plans_fp8_gradients(bench):
         assert row["quangrad"] and row["optimizer"].startswith("QuanGrad") and not row["oom"]
         g, g0 = row["predicted_parts"]["grads"], plain["predicted_parts"]["grads"]
         assert 0.45 < g / g0 < 0.6, (g, g0)
+
+
+def test_laaq_with_hf_loss_keeps_plain_loss(bench):
+    """laaq-hf: LAAQ with HF's loss (as plain's), so a plain-vs-LAAQ row changes one variable."""
+    (row,) = bench.run_cell(_cell("laaq-hf", [64]))
+    assert not row.get("failed"), row.get("traceback")
+    assert row["loss_kind"] == "hf" and not row["oom"] and "laaq" in row
