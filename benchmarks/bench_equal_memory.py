@@ -395,12 +395,9 @@ def _setup(model, config, seq, cell, device, state):
         apply_policy(model, plan, compile_backend=be)
         return "chunked", desc
     elif base in ("policy-m-fp8", "policy-m-fp8-qg"):  # float8 Linears, LAAQ with float8 GEMMs, fp8-* costs
-        from agoq_core.laaq.policy import apply_policy
-        from agoq_core.laaq.policy import NOT_FLOAT8
-        from agoq_core.planner.budget import plan_options
+        from agoq_core.laaq.policy import apply_policy, float8_plan_options
 
-        measured = {k: c for k, c in plan_options((cell.get("measured") or {}).get(str(seq)) or {},
-                                                  prefix="fp8-").items() if k.split(":")[0] not in NOT_FLOAT8}
+        measured = float8_plan_options((cell.get("measured") or {}).get(str(seq)) or {})
         if not measured:
             raise ValueError(f"policy-m-fp8 plans from measured float8 per-layer costs (bench_layer_profile methods "
                              f"fp8-..., e.g. fp8-laaq-c:nf4, fp8-sac-c) at {seq} tokens; --layer-costs has none")

@@ -101,10 +101,9 @@ def _run_budget(args: argparse.Namespace) -> int:
                                f"{', '.join(sorted(costs, key=int)) or 'none'}); profile that length "
                                "(benchmarks/bench_layer_profile.py --seqs ...) or plan with the analytic costs")
         if args.float8:  # the profile's fp8-* methods, prefix dropped; no eager / MLP-only LAAQ (float8 refuses them)
-            from agoq_core.laaq.policy import NOT_FLOAT8
+            from agoq_core.laaq.policy import float8_plan_options
 
-            measured = {k: c for k, c in plan_options(costs[str(args.seq_len)], prefix="fp8-").items()
-                        if k.split(":")[0] not in NOT_FLOAT8}
+            measured = float8_plan_options(costs[str(args.seq_len)])
             if not measured:
                 raise PlannerError(f"--float8: --layer-costs has no float8 costs at {args.seq_len} tokens (methods "
                                    "fp8-..., e.g. fp8-laaq-c:nf4, fp8-ckpt-c: benchmarks/bench_layer_profile.py)")

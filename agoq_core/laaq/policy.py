@@ -31,11 +31,20 @@ import torch.nn as nn
 
 from agoq_core.errors import AgoqError
 
-__all__ = ["apply_policy", "PolicyReport", "decoder_layers", "sac_context_fn"]
+__all__ = ["apply_policy", "PolicyReport", "decoder_layers", "sac_context_fn", "float8_plan_options"]
 
 _ATTR = "_agoq_policy_report"
 #: Option kinds apply_policy(float8=...) refuses: LAAQ's float8 GEMMs run in whole compiled decoder layers only.
 NOT_FLOAT8 = ("laaq", "laaq-mlp", "laaq-mlp-c")
+
+
+def float8_plan_options(costs: dict) -> dict:
+    """The float8 budget options of a bench_layer_profile ``costs[seq]``: its ``fp8-*`` methods with the prefix
+    dropped, less the kinds ``apply_policy(float8=...)`` refuses (NOT_FLOAT8) -- what ``plan_budget(measured=)``
+    takes for a plan applied with ``apply_policy(model, plan, float8=True)``."""
+    from agoq_core.planner.budget import plan_options
+
+    return {k: c for k, c in plan_options(costs, prefix="fp8-").items() if k.split(":")[0] not in NOT_FLOAT8}
 
 
 def sac_context_fn():
