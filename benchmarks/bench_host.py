@@ -1,7 +1,7 @@
 """Host time of one eager QuanGrad codec call on CUDA (issue 17): the launcher's normal path vs its fast path.
 
-For accumulate_ and quantize_into (through the CudaBackend methods GradStorage.fold_ calls) at 2^20 and 2^25
-elements, each path (``old``: Launcher.fast off; ``fast``: the direct launch of the cached compiled kernel):
+For accumulate_ and quantize_into (through the CudaBackend methods GradStorage.fold_ calls) and QuanGrad's
+reduce_requantize_into (4 ranks' rows summed, what its all-reduce calls per bucket) at 2^20 and 2^25 elements, each path (``old``: Launcher.fast off; ``fast``: the direct launch of the cached compiled kernel):
 
 * ``host_us``: time.perf_counter around N back-to-back calls without a sync, / N (what the Python caller pays
   per call while the GPU queue absorbs the work; the queue does not fill in N calls);
@@ -109,6 +109,13 @@ def main(argv=None) -> dict:
                     scales = torch.zeros(nb, dtype=torch.float32, device=dev)
                     ops = {"quantize_into": lambda: backend.quantize_into(g, spec, codes, scales),
                            "accumulate_": lambda: backend.accumulate_(codes, scales, spec, g)}
+                    # reduce_requantize: W = 4 rows of codes/scales (the rows QuanGrad's all-to-all gathers), into a
+                    # second pair of buffers (its input rows are made once from the codes quantized below)
+                    rows_c = torch.zeros(4, cb, dtype=torch.uint8, device=dev)
+                    rows_s = torch.zeros(4, nb, dtype=torch.float32, device=dev)
+                    red_c, red_s = torch.zeros_like(codes), torch.zeros_like(scales)
+                    ops["reduce_requantize_into"] = lambda: backend.reduce_requantize_into(
+                        rows_c, rows_s, spec, n, red_c, red_s)
                     # bits: one quantize then one accumulate, per path (on scratch buffers first: the fast path's entries
                     # are made by a first call, so the measured pair runs through it)
                     c2, s2 = torch.zeros_like(codes), torch.zeros_like(scales)
@@ -117,7 +124,12 @@ def main(argv=None) -> dict:
                     del c2, s2
                     ops["quantize_into"]()
                     ops["accumulate_"]()
-                    out_bits[path] = (codes.clone(), scales.clone())
+                    rows_c.copy_(codes.expand(4, cb))
+                    rows_s.copy_(scales.expand(4, nb))
+                    backend.reduce_requantize_into(rows_c[:, :], rows_s, spec, n, torch.zeros_like(codes),
+                                                   torch.zeros_like(scales))  # the entry, on scratch outputs
+                    ops["reduce_requantize_into"]()
+                    out_bits[path] = (codes.clone(), scales.clone(), red_c.clone(), red_s.clone())
                     for op, fn in ops.items():
                         h0 = la.fast_hits
                         host, queued, synced = timed(fn)
@@ -133,7 +145,7 @@ def main(argv=None) -> dict:
                 for r in rows:
                     if r["fmt"] == fmt and r["numel"] == n:
                         r["same_bits"] = same
-                del g, codes, scales, out_bits
+                del g, codes, scales, out_bits, rows_c, rows_s, red_c, red_s
 
     try:
         measure_all()

@@ -5,7 +5,7 @@ addresses modulo 16, Triton's knobs, current device) launches the cached compile
 argument list. Checked here:
 
 * bits: the fast path gives the same codes/scales/outputs as the normal path (another Launcher with the fast
-  path off), for each op, across packing widths, the 16-lane tile, NF4's tables and MX scales. On CPU the
+  path off), for each op (QuanGrad's reduce_requantize included), across packing widths, the 16-lane tile, NF4's tables and MX scales. On CPU the
   entries are built in Triton's interpreter (``fast_interpreted``: the interpreted kernel called with the cached
   list, so the list and the per-call slot filling are what is checked); on a GPU they are real CompiledKernels;
 * fallbacks: a code buffer at another address class, another size, non-contiguous data, NVFP4 (per-tensor scale)
@@ -89,6 +89,36 @@ def test_fast_path_taken_and_bit_identical(fmt, device):
         assert fast.fast_hits == hits + (i > 0)
         assert_bits_equal(of, os_, f"{fmt} dequantize, call {i}")
         assert fast.last_plans == slow.last_plans
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8", "mxfp8"])
+@pytest.mark.parametrize("world", [2, 4])
+def test_fast_reduce_requantize_bit_identical(fmt, world, device):
+    """QuanGrad's reduce_requantize (W rows of codes and scales -> the fp32 sum requantized) on the fast path: the
+    same bits as the normal path and the reference for every call; another W is another key."""
+    spec = get_format(fmt)
+    n = 4 * spec.block
+    fast, slow = _launchers()
+    for i in range(3):
+        rows = [ref.quantize_blocks(_data(spec, n, 20 * i + r, device, torch.float32).cpu(), spec)
+                for r in range(world)]
+        codes = torch.stack([c for c, _ in rows]).to(device)
+        scales = torch.stack([s_ for _, s_ in rows]).to(device)
+        cf, sf = _buffers(spec, n, device)
+        cs, ss = _buffers(spec, n, device)
+        hits = fast.fast_hits
+        fast.reduce_requantize(codes, scales, spec, n, cf, sf)
+        slow.reduce_requantize(codes, scales, spec, n, cs, ss)
+        assert fast.fast_hits == hits + (i > 0)
+        assert_bits_equal(cf, cs, f"{fmt} W={world} reduce_requantize codes, call {i}")
+        assert_bits_equal(sf, ss, f"{fmt} W={world} reduce_requantize scales, call {i}")
+        total = sum(ref.dequantize_blocks(c, s_, spec, n) for c, s_ in rows)  # fp32, rank order
+        rc, rs = ref.quantize_blocks(total, spec)
+        assert_bits_equal(cf, rc, f"{fmt} W={world} reduce_requantize vs reference")
+        assert_bits_equal(sf, rs, f"{fmt} W={world} scales vs reference")
+    keys = len(fast._fast)
+    fast.reduce_requantize(codes[:1].clone(), scales[:1].clone(), spec, n, cf, sf)  # W = 1: another key
+    assert len(fast._fast) == keys + 1
 
 
 def test_mismatches_fall_back(device):
@@ -233,8 +263,11 @@ _REAL_MODE = textwrap.dedent('''
         g = torch.randn(n).to(torch.bfloat16)
         codes = torch.zeros(spec.code_bytes(n), dtype=torch.uint8)
         scales = torch.zeros(spec.num_blocks(n))
+        rcodes = torch.stack([codes, codes]); rscales = torch.stack([scales, scales]) + 1.0
+        out_c, out_s = torch.zeros_like(codes), torch.zeros_like(scales)
         for op, call in (("quantize", lambda: la.quantize(g, spec, codes, scales)),
-                         ("accumulate", lambda: la.accumulate(codes, scales, spec, g))):
+                         ("accumulate", lambda: la.accumulate(codes, scales, spec, g)),
+                         ("reduce_requantize", lambda: la.reduce_requantize(rcodes, rscales, spec, n, out_c, out_s))):
             CALLS.clear(); hits = la.fast_hits
             call(); call()
             assert la.fast_hits == hits + 1, (fmt, op)

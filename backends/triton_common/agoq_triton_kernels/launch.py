@@ -152,9 +152,14 @@ def _vec16(la: Launch, spec, ragged: bool, *codes: torch.Tensor, stride: int = 0
     return {"VEC16": True} if ok else {}
 
 
-# The direct-launch fast path (Launcher._fast_*): for each op, which positional kernel argument is the float
-# tensor, the code buffer and the scale buffer (the only arguments that change between calls of one key).
-_FAST_SLOTS = {"quantize": (0, 1, 2), "dequantize": (3, 0, 1), "accumulate": (3, 0, 1)}
+# The direct-launch fast path (Launcher._fast_*): for each op, the buffers a call passes to _dispatch (the only
+# arguments that change between calls of one key), in that order: (positional kernel argument, how the normal path
+# passes it: "float" = float_view of the flat tensor, "codes" = the uint8 buffer viewed as int8, "plain" = as is).
+_FAST_SLOTS = {"quantize": ((0, "float"), (1, "codes"), (2, "plain")),
+               "dequantize": ((3, "float"), (0, "codes"), (1, "plain")),
+               "accumulate": ((3, "float"), (0, "codes"), (1, "plain")),
+               # codes [W, B], scales [W, NB] (one row per rank), codes_out, scales_out
+               "reduce_requantize": ((0, "codes"), (1, "plain"), (3, "codes"), (4, "plain"))}
 
 
 def _compiled_types() -> tuple:
@@ -208,10 +213,11 @@ def _compiled() -> tuple:
 class _FastEntry:
     """One checked call signature: the compiled kernel to launch again and its full argument list (every
     parameter of the kernel in signature order, constexprs included, as Triton's binder would pass them),
-    with the three buffer slots to fill per call."""
+    with the buffer slots to fill per call."""
 
     template: list
-    slots: tuple
+    slots: tuple                  # the positions of the call's buffers in ``template`` (_FAST_SLOTS order)
+    kinds: tuple
     grid: int
     plan: Any
     kernel: Any                   # the JITFunction (its pre_run_hooks are checked per call)
@@ -311,59 +317,55 @@ class Launcher:
 
     # ---- the direct-launch fast path (issue 17) ----------------------------------------------------------------
     # A call's key holds everything that decides its launch and Triton's choice of compiled kernel: op, format,
-    # element count, the dtypes/sizes/devices of the three buffers (the normal path checked them when the entry
-    # was made), the overrides, the address of each buffer modulo 16 (Triton specializes pointers on 16-byte
-    # alignment; VEC16 needs 2- or 4-byte aligned codes), Triton's debug/instrumentation knobs and the current
-    # device. Contiguous buffers, one launch (<= 2**30 elements), no per-tensor scale, no launch-enter hook:
-    # otherwise the normal path runs (and makes no entry).
+    # element count, the dtypes/shapes/devices of its buffers (the normal path checked them when the entry was
+    # made; a contiguous buffer's shape fixes its strides), the overrides, the address of each buffer modulo 16
+    # (Triton specializes pointers on 16-byte alignment; VEC16 needs 2- or 4-byte aligned codes), Triton's
+    # debug/instrumentation knobs and the current device. Contiguous buffers, one launch (<= 2**30 elements), no
+    # per-tensor scale, no launch-enter hook: otherwise the normal path runs (and makes no entry).
 
-    def _fast_key(self, op: str, spec, data: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
-                  rows, programs, hw):
+    def _fast_key(self, op: str, spec, bufs: tuple, n: int, rows, programs, hw):
         if not self.fast or (self._interp and not self.fast_interpreted):
             return None
-        if not (data.is_contiguous() and codes.is_contiguous() and scales.is_contiguous()):
+        if not all(b.is_contiguous() for b in bufs) or getattr(spec, "tensor_scaled", False):
             return None
-        if data.dtype not in _FAST_DTYPES or getattr(spec, "tensor_scaled", False):
+        if any(kind == "float" and b.dtype not in _FAST_DTYPES for b, (_, kind) in zip(bufs, _FAST_SLOTS[op])):
             return None
         knobs = _knobs()
         if _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
             return None  # launch hooks (proton...) get their metadata from the normal path
-        n = data.numel()
         if not n:
             return None
-        return (op, spec, n, data.dtype, data.device, codes.dtype, codes.numel(), codes.device, scales.dtype,
-                scales.numel(), scales.device, rows, programs, hw, data.data_ptr() & 15, codes.data_ptr() & 15,
-                scales.data_ptr() & 15, knobs.runtime.debug, knobs.compilation.instrumentation_mode,
-                self._current_device())
+        return (op, spec, n, *((b.dtype, tuple(b.shape), b.device, b.data_ptr() & 15) for b in bufs), rows, programs,
+                hw, knobs.runtime.debug, knobs.compilation.instrumentation_mode, self._current_device())
 
     def _current_device(self):
         if self._interp:
             return None
         return _driver().get_current_device()
 
-    def _fast_launch(self, e: _FastEntry, kernel, data: torch.Tensor, codes: torch.Tensor,
-                     scales: torch.Tensor) -> bool:
+    def _fast_launch(self, e: _FastEntry, kernel, bufs: tuple) -> bool:
         """Launch entry ``e`` for these buffers; False (nothing launched) when ``kernel`` (the op's kernel now) is not
         the one the entry was made with (replaced, e.g. by a test) or has pre-run hooks."""
         if e.kernel is not kernel or (e.run is not None and kernel.pre_run_hooks):
             return False
         a = e.template.copy()
-        i, j, k = e.slots
         if e.run is not None:
             # what JITFunction.run does after its cache hit, with the binder's list made once: the launcher takes
             # pointers as ints (it would call data_ptr() itself), constexprs are in the list and ignored
-            a[i], a[j], a[k] = data.data_ptr(), codes.data_ptr(), scales.data_ptr()
+            for i, b in zip(e.slots, bufs):
+                a[i] = b.data_ptr()
             e.run(e.grid, 1, 1, _driver().get_current_stream(e.device_index), e.function, e.packed_metadata, None,
                   None, None, *a)
         else:  # interpreted (tests): the kernel called with the cached list, buffers as the normal path passes them
-            a[i] = float_view(data.reshape(-1), "fast path")[0]
-            a[j], a[k] = codes.view(torch.int8), scales
+            for i, kind, b in zip(e.slots, e.kinds, bufs):
+                a[i] = float_view(b.reshape(-1), "fast path")[0] if kind == "float" else \
+                    b.view(torch.int8) if kind == "codes" else b
             e.kernel[(e.grid,)](*a, **e.options)
         self.last_plans = [e.plan]
         self.fast_hits += 1
         return True
 
-    def _recorded(self, key, op: str, normal, data, codes, scales) -> None:
+    def _recorded(self, key, op: str, normal, bufs: tuple) -> None:
         """Run ``normal()`` (the normal path) recording its launches; make an entry for ``key`` when it launched
         exactly once through a kernel the fast path can launch again."""
         self._tls.record = rec = []
@@ -374,19 +376,19 @@ class Launcher:
         if len(rec) != 1 or len(self._fast) >= 4096:
             return
         kernel, la, a, c, res = rec[0]
-        i, j, k = slots = _FAST_SLOTS[op]
+        slots = tuple(i for i, _ in _FAST_SLOTS[op])
         # the one launch covered the whole buffers (not pieces of them)
-        if a[i].data_ptr() != data.data_ptr() or a[j].data_ptr() != codes.data_ptr() or \
-                a[k].data_ptr() != scales.data_ptr():
+        if any(a[i].data_ptr() != b.data_ptr() for i, b in zip(slots, bufs)):
             return
         try:
-            e = self._entry(kernel, la, a, c, res, slots)
+            e = self._entry(kernel, la, a, c, res, op)
         except Exception:  # noqa: BLE001  (the call itself succeeded: without an entry it stays on the normal path)
             e = None
         if e is not None:
             self._fast[key] = e
 
-    def _entry(self, kernel, la: Launch, a, c, res, slots) -> _FastEntry | None:
+    def _entry(self, kernel, la: Launch, a, c, res, op: str) -> _FastEntry | None:
+        slots, kinds = zip(*_FAST_SLOTS[op])
         options = {**la.options, "enable_fp_fusion": False}
         if isinstance(res, _compiled()) and getattr(kernel, "device_caches", None) is not None \
                 and not getattr(kernel, "pre_run_hooks", None):
@@ -398,7 +400,8 @@ class Launcher:
             # the tables go as their addresses too (the launcher would ask the driver about each pointer per launch)
             template = [v.data_ptr() if idx not in slots and isinstance(v, torch.Tensor) else v
                         for idx, v in enumerate(template)]
-            e = _FastEntry(template=template, slots=slots, grid=la.grid, plan=la.plan, kernel=kernel, run=res.run,
+            e = _FastEntry(template=template, slots=slots, kinds=kinds, grid=la.grid, plan=la.plan, kernel=kernel,
+                           run=res.run,
                            function=res.function, packed_metadata=res.packed_metadata, device_index=dev, keep=keep)
         elif self.fast_interpreted and is_interpreted(kernel):
             params = inspect.signature(kernel.fn).parameters
@@ -412,25 +415,26 @@ class Launcher:
                     template.append(p.default)
                 else:
                     return None
-            e = _FastEntry(template=template, slots=slots, grid=la.grid, plan=la.plan, kernel=kernel, options=options)
+            e = _FastEntry(template=template, slots=slots, kinds=kinds, grid=la.grid, plan=la.plan, kernel=kernel,
+                           options=options)
         else:
             return None
         for s_ in slots:
             template[s_] = None  # the entry must not keep this call's buffers alive
         return e
 
-    def _dispatch(self, op: str, kernel, spec, data: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
-                  rows, programs, hw, normal) -> None:
+    def _dispatch(self, op: str, kernel, spec, bufs: tuple, n: int, rows, programs, hw, normal) -> None:
         """Launch this call from its fast-path entry if one exists and applies, else run ``normal()`` (the checked
-        path), recording its launch as the entry for the call's key when it can be one."""
-        key = self._fast_key(op, spec, data, codes, scales, rows, programs, hw)
+        path), recording its launch as the entry for the call's key when it can be one. ``bufs``: the call's
+        buffers in _FAST_SLOTS[op] order; ``n``: its element count."""
+        key = self._fast_key(op, spec, bufs, n, rows, programs, hw)
         if key is None:
             normal()
             return
         e = self._fast.get(key)
-        if e is not None and self._fast_launch(e, kernel, data, codes, scales):
+        if e is not None and self._fast_launch(e, kernel, bufs):
             return
-        self._recorded(key, op, normal, data, codes, scales)
+        self._recorded(key, op, normal, bufs)
 
     def tensor_scale(self, spec, x: torch.Tensor, *, programs: int | None = None) -> torch.Tensor | None:
         """NVFP4's [S, RN(1/S)] for ``x`` (None for other formats), bit-identical to the reference: one pass of
@@ -469,7 +473,7 @@ class Launcher:
     def quantize(self, x: torch.Tensor, spec, codes: torch.Tensor, scales: torch.Tensor, *,
                  rows: int | None = None, programs: int | None = None, hw: bool | None = None) -> None:
         """x flat [N] -> codes uint8[code_bytes(N)], scales fp32[NB]."""
-        self._dispatch("quantize", K.quantize_kernel, spec, x, codes, scales, rows, programs, hw,
+        self._dispatch("quantize", K.quantize_kernel, spec, (x, codes, scales), x.numel(), rows, programs, hw,
                        lambda: self._quantize(x, spec, codes, scales, rows=rows, programs=programs, hw=hw))
 
     def _quantize(self, x, spec, codes, scales, *, rows, programs, hw) -> None:
@@ -493,7 +497,7 @@ class Launcher:
     def dequantize(self, codes: torch.Tensor, scales: torch.Tensor, spec, out: torch.Tensor, *,
                    rows: int | None = None, programs: int | None = None, hw: bool | None = None) -> None:
         """codes + scales -> out flat [N] (fp32, bf16 or fp16)."""
-        self._dispatch("dequantize", K.dequantize_kernel, spec, out, codes, scales, rows, programs, hw,
+        self._dispatch("dequantize", K.dequantize_kernel, spec, (out, codes, scales), out.numel(), rows, programs, hw,
                        lambda: self._dequantize(codes, scales, spec, out, rows=rows, programs=programs, hw=hw))
 
     def _dequantize(self, codes, scales, spec, out, *, rows, programs, hw) -> None:
@@ -516,7 +520,7 @@ class Launcher:
     def accumulate(self, codes: torch.Tensor, scales: torch.Tensor, spec, g: torch.Tensor, *,
                    rows: int | None = None, programs: int | None = None, hw: bool | None = None) -> None:
         """In place: (codes, scales) <- Q(D(codes, scales) + g), g flat [N] (fp32, bf16, fp16)."""
-        self._dispatch("accumulate", K.accumulate_kernel, spec, g, codes, scales, rows, programs, hw,
+        self._dispatch("accumulate", K.accumulate_kernel, spec, (g, codes, scales), g.numel(), rows, programs, hw,
                        lambda: self._accumulate(codes, scales, spec, g, rows=rows, programs=programs, hw=hw))
 
     def _accumulate(self, codes, scales, spec, g, *, rows, programs, hw) -> None:
@@ -540,6 +544,12 @@ class Launcher:
                           codes_out: torch.Tensor, scales_out: torch.Tensor, *, rows: int | None = None,
                           programs: int | None = None, hw: bool | None = None) -> None:
         """codes uint8[W, code_bytes], scales fp32[W, NB] -> Q(sum_r D_r) (fp32, rank order)."""
+        self._dispatch("reduce_requantize", K.reduce_requantize_kernel, spec, (codes, scales, codes_out, scales_out),
+                       numel, rows, programs, hw,
+                       lambda: self._reduce_requantize(codes, scales, spec, numel, codes_out, scales_out, rows=rows,
+                                                       programs=programs, hw=hw))
+
+    def _reduce_requantize(self, codes, scales, spec, numel, codes_out, scales_out, *, rows, programs, hw) -> None:
         if codes.dim() != 2 or scales.dim() != 2 or codes.shape[0] != scales.shape[0] or codes.shape[0] < 1:
             raise ValueError(f"reduce_requantize: want codes[W, B] and scales[W, NB] with W >= 1, got "
                              f"{tuple(codes.shape)} and {tuple(scales.shape)}")
