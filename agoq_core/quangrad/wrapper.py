@@ -462,6 +462,23 @@ class QuanGradDDP(torch.nn.Module):
         self._finish_all()
         wire = sum(op.sent_bytes for op in self._ops)
         avg = 1.0 / self.world_size if cfg.average else 1.0
+        if cfg.max_grad_norm is None and not cfg.sharded and cfg.step_per_bucket and not self._nan_scales():
+            # Nothing to clip and every block finite (a NaN scale marks a block that held NaN/Inf, the only way
+            # the norm can be non-finite): the norm is only reported, so it is summed from the fp32 gradient the
+            # optimizer step dequantizes anyway -- one dequantize per bucket, not two; the same float.
+            self._attempts += 1
+            sums: list = []
+            with torch.no_grad():
+                self._step_replicated(avg, sums=sums)
+            total = 0.0
+            for v in _finish_sums(sums, self.storage.bucket_fp32):
+                total += v  # bucket order, as _global_norm
+            total *= avg * avg
+            self.zero_grad()
+            report = StepReport(step=self._steps, skipped=False, reason=None, grad_norm=math.sqrt(total),
+                                clip_coef=1.0, wire_bytes=wire)
+            self._steps += 1
+            return report
         norm = self._global_norm(avg)
         self._attempts += 1
         if not math.isfinite(norm):
@@ -520,12 +537,20 @@ class QuanGradDDP(torch.nn.Module):
                 size = 4 * b.numel
         return groups
 
-    def _step_replicated(self, mult: float) -> None:
+    def _nan_scales(self) -> bool:
+        """Whether any block of the (reduced) gradient held NaN/Inf: one host synchronisation for every bucket."""
+        return bool(torch.stack([torch.isnan(sc).any() for sc in self.storage.scales]).any())
+
+    def _step_replicated(self, mult: float, sums: list | None = None) -> None:
+        """Dequantize, scale by ``mult`` and step, a group of buckets at a time; ``sums``: also append each bucket's
+        device sum of squares (before scaling, for the reported norm)."""
         opt, masters = self.optimizer, self._masters
         for bis in self._step_groups():
             for bi in bis:
                 g = self._fp32.pop(bi, None)
                 g = self.storage.bucket_fp32(bi) if g is None else g
+                if sums is not None:
+                    sums.append(_device_sum_of_squares(g))
                 if mult != 1.0:
                     g.mul_(mult)
                 for s in self.layout.buckets[bi].slots:
