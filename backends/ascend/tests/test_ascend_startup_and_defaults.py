@@ -155,7 +155,8 @@ def test_agoq_plan_default_candidates_follow_the_device(interp_backend, monkeypa
     # and the per-process cache is emptied around it so no other test sees the small-sample table.
     monkeypatch.setattr(fidelity, "_SAMPLE_NUMEL", 1 << 10)
     fidelity._measure_default.cache_clear()
-    monkeypatch.setattr(fidelity, "_measure_default", functools.lru_cache(maxsize=32)(fidelity._measure_default.__wrapped__))
+    fresh = functools.lru_cache(maxsize=32)(fidelity._measure_default.__wrapped__)
+    monkeypatch.setattr(fidelity, "_measure_default", fresh)
     args = ["plan", "--stages", "2", "--microbatches", "4", "--schedule", "1f1b", "--model", "tiny", "--seq-len", "64",
             "--activations", "formula", "--json"]
     assert main(args) == 0

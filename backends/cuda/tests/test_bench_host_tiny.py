@@ -25,8 +25,8 @@ def test_bench_host_tiny(tmp_path, device):
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
     assert (launch.LAUNCHER.fast, launch.LAUNCHER.fast_interpreted) == before
     rows = report["rows"]
-    assert {(r["op"], r["path"]) for r in rows} == {(o, p) for o in ("quantize_into", "accumulate_", "reduce_requantize_into")
-                                                   for p in ("old", "fast")}
+    ops = ("quantize_into", "accumulate_", "reduce_requantize_into")
+    assert {(r["op"], r["path"]) for r in rows} == {(o, p) for o in ops for p in ("old", "fast")}
     assert report["all_same_bits"] is True
     assert all((r["fast_hits"] > 0) == (r["path"] == "fast") for r in rows)
     assert all(r["host_us"] > 0 for r in rows)

@@ -5,8 +5,8 @@ addresses modulo 16, Triton's knobs, current device) launches the cached compile
 argument list. Checked here:
 
 * bits: the fast path gives the same codes/scales/outputs as the normal path (another Launcher with the fast
-  path off), for each op (QuanGrad's reduce_requantize included), across packing widths, the 16-lane tile, NF4's tables and MX scales. On CPU the
-  entries are built in Triton's interpreter (``fast_interpreted``: the interpreted kernel called with the cached
+  path off), for each op (QuanGrad's reduce_requantize included), across packing widths, the 16-lane tile,
+  NF4's tables and MX scales. On CPU the entries are built in Triton's interpreter (``fast_interpreted``: the interpreted kernel called with the cached
   list, so the list and the per-call slot filling are what is checked); on a GPU they are real CompiledKernels;
 * fallbacks: a code buffer at another address class, another size, non-contiguous data, NVFP4 (per-tensor scale)
   and a launcher with the fast path off take the normal path;
