@@ -343,11 +343,7 @@ def _setup(model, config, seq, cell, device, state):
     elif base == "partial":
         n = state.get("partial_n")
         if n is None:
-            try:
-                p = _plan(cell, model, seq, "bf16,ckpt", "hf", device)
-                n = len(p.layers_with("ckpt"))
-            except Exception:  # noqa: BLE001 - the planner says nothing fits: start from all
-                n = L
+            n = _partial_guess(cell, model, seq, "hf", device, "")
         state["partial_n"] = n
         _wrap(model, range(n))
         desc["ckpt_layers"] = n

@@ -126,7 +126,7 @@ def main(argv=None) -> dict:
                     ops["accumulate_"]()
                     rows_c.copy_(codes.expand(4, cb))
                     rows_s.copy_(scales.expand(4, nb))
-                    backend.reduce_requantize_into(rows_c[:, :], rows_s, spec, n, torch.zeros_like(codes),
+                    backend.reduce_requantize_into(rows_c, rows_s, spec, n, torch.zeros_like(codes),
                                                    torch.zeros_like(scales))  # the entry, on scratch outputs
                     ops["reduce_requantize_into"]()
                     out_bits[path] = (codes.clone(), scales.clone(), red_c.clone(), red_s.clone())

@@ -86,7 +86,8 @@ class GradStorage:
             s.zero_()
 
     def has_nonfinite(self) -> bool:
-        return any(bool(torch.isnan(s).any()) for s in self.scales)
+        """Whether any block held NaN/Inf (its scale is NaN): one host synchronisation for every bucket."""
+        return bool(torch.stack([torch.isnan(s).any() for s in self.scales]).any())
 
     def nonfinite_params(self) -> list[str]:
         return [s.name for s, v in zip(self.layout.slots, self.views) if v.has_nonfinite()]

@@ -242,6 +242,7 @@ class QuanGradDDP(torch.nn.Module):
         if self._distributed:
             check_layout_across_ranks(self.layout, group=cfg.group, device=self.device, backend=self.backend)
         self.storage = GradStorage(self.layout, self.device, self.backend)
+        self._groups = self._step_groups()  # buckets per optimizer call (fixed by the layout and the config)
 
         self.use_master = cfg.master_weights == "on" or (
             cfg.master_weights == "auto" and any(p.dtype != torch.float32 for p in self._params))
@@ -451,8 +452,17 @@ class QuanGradDDP(torch.nn.Module):
                 parts.append(_device_sum_of_squares(g))
                 if keep:
                     self._fp32[bi] = g
-            for v in _finish_sums(parts, (lambda bi: self._fp32[bi]) if keep else self.storage.bucket_fp32):
-                total += v  # bucket order, as before
+            return self._bucket_norm(parts, (lambda bi: self._fp32[bi]) if keep else self.storage.bucket_fp32, mult)
+        total *= mult * mult
+        return math.sqrt(total) if total >= 0 else float("nan")
+
+    @staticmethod
+    def _bucket_norm(parts: list, source: Callable[[int], torch.Tensor], mult: float) -> float:
+        """The norm x ``mult`` from per-bucket device sums of squares (one host synchronisation), combined in fp64
+        in bucket order; ``source(bi)``: bucket bi in fp32 again, for the rare rescaled redo."""
+        total = 0.0
+        for v in _finish_sums(parts, source):
+            total += v
         total *= mult * mult
         return math.sqrt(total) if total >= 0 else float("nan")
 
@@ -465,24 +475,12 @@ class QuanGradDDP(torch.nn.Module):
         self._finish_all()
         wire = sum(op.sent_bytes for op in self._ops)
         avg = 1.0 / self.world_size if cfg.average else 1.0
-        if cfg.max_grad_norm is None and not cfg.sharded and cfg.step_per_bucket and not self._nan_scales():
-            # Nothing to clip and every block finite (a NaN scale marks a block that held NaN/Inf, the only way
-            # the norm can be non-finite): the norm is only reported, so it is summed from the fp32 gradient the
-            # optimizer step dequantizes anyway -- one dequantize per bucket, not two; the same float.
-            self._attempts += 1
-            sums: list = []
-            with torch.no_grad():
-                self._step_replicated(avg, sums=sums)
-            total = 0.0
-            for v in _finish_sums(sums, self.storage.bucket_fp32):
-                total += v  # bucket order, as _global_norm
-            total *= avg * avg
-            self.zero_grad()
-            report = StepReport(step=self._steps, skipped=False, reason=None, grad_norm=math.sqrt(total),
-                                clip_coef=1.0, wire_bytes=wire)
-            self._steps += 1
-            return report
-        norm = self._global_norm(avg)
+        # Nothing to clip and every block finite (a NaN scale marks a block that held NaN/Inf, the only way the
+        # norm can be non-finite): the norm is only reported, so it is summed from the fp32 gradient the optimizer
+        # step dequantizes anyway -- one dequantize per bucket, not two; the same float.
+        one_pass = cfg.max_grad_norm is None and not cfg.sharded and cfg.step_per_bucket \
+            and not self.storage.has_nonfinite()
+        norm = 0.0 if one_pass else self._global_norm(avg)
         self._attempts += 1
         if not math.isfinite(norm):
             names = tuple(self.storage.nonfinite_params()) if not cfg.sharded else tuple(self._nonfinite_shard_params())
@@ -503,7 +501,10 @@ class QuanGradDDP(torch.nn.Module):
             if cfg.sharded:
                 self._step_sharded(avg * coef)
             else:
-                self._step_replicated(avg * coef)
+                sums: list | None = [] if one_pass else None
+                self._step_replicated(avg * coef, sums=sums)
+                if one_pass:
+                    norm = self._bucket_norm(sums, self.storage.bucket_fp32, avg)
         self.zero_grad()
         report = StepReport(step=self._steps, skipped=False, reason=None, grad_norm=norm, clip_coef=coef,
                             wire_bytes=wire)
@@ -540,15 +541,11 @@ class QuanGradDDP(torch.nn.Module):
                 size = 4 * b.numel
         return groups
 
-    def _nan_scales(self) -> bool:
-        """Whether any block of the (reduced) gradient held NaN/Inf: one host synchronisation for every bucket."""
-        return bool(torch.stack([torch.isnan(sc).any() for sc in self.storage.scales]).any())
-
     def _step_replicated(self, mult: float, sums: list | None = None) -> None:
         """Dequantize, scale by ``mult`` and step, a group of buckets at a time; ``sums``: also append each bucket's
         device sum of squares (before scaling, for the reported norm)."""
         opt, masters = self.optimizer, self._masters
-        for bis in self._step_groups():
+        for bis in self._groups:
             for bi in bis:
                 g = self._fp32.pop(bi, None)
                 g = self.storage.bucket_fp32(bi) if g is None else g

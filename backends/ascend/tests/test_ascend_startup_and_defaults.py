@@ -2,7 +2,6 @@
 that the installed torch_npu lacks, the start-up self-test, and the no-FP8 capability driving the defaults."""
 from __future__ import annotations
 
-import functools
 import logging
 import sys
 
@@ -142,7 +141,7 @@ def test_fp8_cast_baseline_is_refused_without_fp8_units(interp_backend, monkeypa
         agoq_arm.check_recipe("naive-fp8-allreduce", TrainConfig(nproc=2))
 
 
-def test_agoq_plan_default_candidates_follow_the_device(interp_backend, monkeypatch, capsys):
+def test_agoq_plan_default_candidates_follow_the_device(interp_backend, monkeypatch, capsys, request):
     import json
 
     from agoq_core.cli.main import main
@@ -155,8 +154,7 @@ def test_agoq_plan_default_candidates_follow_the_device(interp_backend, monkeypa
     # and the per-process cache is emptied around it so no other test sees the small-sample table.
     monkeypatch.setattr(fidelity, "_SAMPLE_NUMEL", 1 << 10)
     fidelity._measure_default.cache_clear()
-    fresh = functools.lru_cache(maxsize=32)(fidelity._measure_default.__wrapped__)
-    monkeypatch.setattr(fidelity, "_measure_default", fresh)
+    request.addfinalizer(fidelity._measure_default.cache_clear)
     args = ["plan", "--stages", "2", "--microbatches", "4", "--schedule", "1f1b", "--model", "tiny", "--seq-len", "64",
             "--activations", "formula", "--json"]
     assert main(args) == 0

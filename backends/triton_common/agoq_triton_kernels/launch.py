@@ -160,6 +160,9 @@ _FAST_SLOTS = {"quantize": ((0, "float"), (1, "codes"), (2, "plain")),
                "accumulate": ((3, "float"), (0, "codes"), (1, "plain")),
                # codes [W, B], scales [W, NB] (one row per rank), codes_out, scales_out
                "reduce_requantize": ((0, "codes"), (1, "plain"), (3, "codes"), (4, "plain"))}
+# per op, which of its buffers are float tensors (their dtype must be one the fast path handles)
+_FAST_FLOATS = {op: tuple(j for j, (_, kind) in enumerate(slots) if kind == "float")
+                for op, slots in _FAST_SLOTS.items()}
 
 
 def _compiled_types() -> tuple:
@@ -328,8 +331,9 @@ class Launcher:
             return None
         if not all(b.is_contiguous() for b in bufs) or getattr(spec, "tensor_scaled", False):
             return None
-        if any(kind == "float" and b.dtype not in _FAST_DTYPES for b, (_, kind) in zip(bufs, _FAST_SLOTS[op])):
-            return None
+        for j in _FAST_FLOATS[op]:
+            if bufs[j].dtype not in _FAST_DTYPES:
+                return None
         knobs = _knobs()
         if _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
             return None  # launch hooks (proton...) get their metadata from the normal path
