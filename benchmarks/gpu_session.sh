@@ -3,7 +3,7 @@
 #   bash benchmarks/gpu_session.sh STAGE[:SECONDS] ...
 # Stages: conformance, laaq, quangrad, laaq-fusion, fusion, codecs, torchtitan, equal-memory, equal-memory-m,
 # layer-profile-64k, layer-profile-qc32k, policy-80, longest, laaq-16k, layer-profile-fp8, float8-m, float8-80, float8-ce, liger, layer-profile-fp8-64k, float8-80-64k, integrations, grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host,
-# dequant-tiles, train-split-c. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
+# dequant-tiles, train-split-c, train-profile, train-profile-c. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
 set -u
 source "$(dirname "$0")/gpu_env.sh"
 OUT=${OUT:-/tmp/agoq-out}; mkdir -p "$OUT"
@@ -97,6 +97,9 @@ for spec in "$@"; do
     # agoq train on llama-1b, 2K x 4, 40 steps: baseline vs agoq vs each half (docs/benchmarks.md §9); AGOQ_FUSION from the caller
     # the same, every arm's decoder layers compiled with Inductor (agoq train --compile; issue 17's end-to-end goal)
     train-split-c) cmd=(python3 -m agoq_core.cli.main train --device cuda --model llama-1b --seq-len 2048 --micro-batch 4 --steps 40 --eval-every 0 --eval-tokens 16384 --ablation laaq-only,quangrad-only --compile inductor --out-dir "$OUT/runs-c") ;;
+    # where an agoq train step's time goes per arm (synced phases + kernel groups; benchmarks/profile_train.py)
+    train-profile)   cmd=(python3 benchmarks/profile_train.py --json "$OUT/profile_train.json") ;;
+    train-profile-c) cmd=(python3 benchmarks/profile_train.py --compile inductor --json "$OUT/profile_train_c.json") ;;
     train-split) cmd=(python3 -m agoq_core.cli.main train --device cuda --model llama-1b --seq-len 2048 --micro-batch 4 --steps 40 --eval-every 0 --eval-tokens 16384 --ablation laaq-only,quangrad-only --out-dir "$OUT/runs") ;;
     *) echo "unknown stage $stage"; continue ;;
   esac
