@@ -2,7 +2,7 @@
 # One device call, several benchmarks: each stage gets its own time limit and writes into $OUT.
 #   bash benchmarks/gpu_session.sh STAGE[:SECONDS] ...
 # Stages: conformance, laaq, quangrad, laaq-fusion, fusion, codecs, torchtitan, equal-memory, equal-memory-m,
-# layer-profile-64k, layer-profile-qc32k, policy-80, longest, laaq-16k, layer-profile-fp8, float8-m, float8-80, float8-ce, liger, layer-profile-fp8-64k, float8-80-64k, integrations, grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host,
+# layer-profile-64k, layer-profile-qc32k, policy-80, longest, laaq-16k, layer-profile-fp8, float8-m, float8-80, float8-ce, liger, layer-profile-fp8-64k, float8-80-64k, float8-64k, integrations, grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host,
 # dequant-tiles, train-split-c, train-profile, train-profile-c. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
 set -u
 source "$(dirname "$0")/gpu_env.sh"
@@ -74,7 +74,13 @@ for spec in "$@"; do
                             --no-profile --reps 1 --warmup 1 --budget-s $((secs - 30)) --json "$OUT/bench_layer_profile_fp8_64k.json") ;;
     float8-80-64k) cmd=(python3 benchmarks/bench_equal_memory.py --configs policy-m-fp8,policy-m-fp8-qg,fp8-ce-c --caps 80 \
                         --seqs 64K --steps 2 --warmup 1 --cell-timeout-s $(( (secs - 10) / 3 )) \
-                        --layer-costs "$OUT/bench_layer_profile_fp8_64k.json" --json "$OUT/bench_equal_memory_fp8_80_64k.json") ;;
+                        --layer-costs "${FP8_64K_COSTS:-$OUT/bench_layer_profile_fp8_64k.json}" --json "$OUT/bench_equal_memory_fp8_80_64k.json") ;;
+    # the same two at 64K on the whole device (plain does not fit there either): the float8 budget policy against the
+    # strongest float8 alternative; FP8_64K_COSTS: a bench_layer_profile_fp8_64k.json from an earlier call
+    float8-64k) lc=${FP8_64K_COSTS:-$OUT/bench_layer_profile_fp8_64k.json}
+                cmd=(python3 benchmarks/bench_equal_memory.py --configs policy-m-fp8,fp8-ce-c --caps 0 \
+                     --seqs 64K --steps 2 --warmup 1 --cell-timeout-s $(( (secs - 10) / 2 )) \
+                     --layer-costs "$lc" --json "$OUT/bench_equal_memory_fp8_64k.json") ;;
     float8-ce) cmd=(python3 benchmarks/bench_equal_memory.py --configs fp8-ce-c --caps 0 --seqs 32K \
                     --steps 3 --warmup 2 --cell-timeout-s $((secs - 10)) --json "$OUT/bench_equal_memory_fp8ce.json") ;;
     # Liger-Kernel (RMSNorm, SwiGLU, RoPE, fused linear CE) + the fastest checkpointing that fits, 32K, both budgets
