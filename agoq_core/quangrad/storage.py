@@ -32,6 +32,7 @@ class GradStorage:
         self._fold_args = [(v.numel, v.device, v.codes, v.scales) for v in self.views]
         self._folded: set[int] = set()          # parameters folded since the buffers were last zeroed
         self._checked: set[torch.dtype] = set()  # gradient dtypes the backend was asked about
+        self._checked_out: set[torch.dtype] = set()  # output dtypes of group_fp32 the backend was asked about
 
     def _view(self, s: ParamSlot) -> QuantizedTensor:
         spec = self.layout.spec
@@ -91,6 +92,21 @@ class GradStorage:
 
     def nonfinite_params(self) -> list[str]:
         return [s.name for s, v in zip(self.layout.slots, self.views) if v.has_nonfinite()]
+
+    def group_fp32(self, bis: list[int]) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """Consecutive buckets ``bis`` dequantized into ONE fp32 buffer (padding included), and each bucket's
+        segment of it: one allocation and one backend call per bucket, the same values as :meth:`bucket_fp32`."""
+        plans = self.plans
+        buf = torch.empty(sum(plans[bi].numel for bi in bis), dtype=torch.float32, device=self.device)
+        segs = buf.split([plans[bi].numel for bi in bis])
+        if torch.float32 not in self._checked_out:
+            api.check_supported(self.backend, self.layout.spec, self.device, "dequantize")
+            self._checked_out.add(torch.float32)
+        spec = self.layout.spec
+        for bi, seg in zip(bis, segs):
+            if seg.numel():
+                self.backend.dequantize_into(self.codes[bi], self.scales[bi], spec, seg)
+        return buf, segs
 
     def bucket_fp32(self, bi: int) -> torch.Tensor:
         """The whole padded bucket dequantized to fp32 (one bucket of scratch)."""

@@ -256,6 +256,16 @@ class QuanGradDDP(torch.nn.Module):
         else:
             self._masters = self._params
             opt_params = list(self._params)
+        if not cfg.sharded:  # per step group: (master, start in the group's fp32 buffer, numel, shape, needs a cast)
+            self._group_grads = []
+            for bis in self._groups:
+                rows, base = [], 0
+                for bi in bis:
+                    for sl in self.layout.buckets[bi].slots:
+                        m = self._masters[sl.index]
+                        rows.append((m, base + sl.offset, sl.numel, sl.shape, m.dtype != torch.float32))
+                    base += self.storage.plans[bi].numel
+                self._group_grads.append(rows)
         self.optimizer = optimizer(opt_params)
         if not isinstance(self.optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer(params) must return a torch.optim.Optimizer, got {type(self.optimizer).__name__}")
@@ -344,7 +354,8 @@ class QuanGradDDP(torch.nn.Module):
         self._ops: list[BucketOp | None] = [None] * nb
         self._next_launch = 0
         self._accumulated = False
-        self._fp32: dict[int, torch.Tensor] = {}  # bucket -> its reduced gradient in fp32, from _global_norm
+        # (group index, fp32 buffer, bucket segments) that _global_norm dequantized last and the step reuses
+        self._kept: tuple[int, torch.Tensor, tuple[torch.Tensor, ...]] | None = None
 
     def _make_hook(self, index: int) -> Callable[[torch.Tensor], None]:
         def hook(p: torch.Tensor) -> None:
@@ -441,18 +452,19 @@ class QuanGradDDP(torch.nn.Module):
             for v in parts:  # rank order: every rank adds the same numbers in the same order
                 total += v
         else:
-            total = 0.0
-            # Without step_per_bucket the optimizer step holds every bucket's fp32 gradient at once anyway:
-            # keep them for it instead of dequantizing every bucket a second time.
-            keep = not self.config.step_per_bucket
-            # The per-bucket sums stay on the device until all are queued: one host synchronisation per step.
+            # Group by group, as the step dequantizes them: the last group's fp32 buffer is kept for the step, which
+            # steps it first (without step_per_bucket that is every bucket: one dequantize per bucket per step). At
+            # most one group of fp32 gradient exists at a time either way. The per-bucket sums stay on the device
+            # until all are queued: one host synchronisation per step.
             parts = []
-            for bi in range(len(self.layout.buckets)):
-                g = self.storage.bucket_fp32(bi)
-                parts.append(_device_sum_of_squares(g))
-                if keep:
-                    self._fp32[bi] = g
-            return self._bucket_norm(parts, (lambda bi: self._fp32[bi]) if keep else self.storage.bucket_fp32, mult)
+            last = len(self._groups) - 1
+            for gi, bis in enumerate(self._groups):
+                buf, segs = self.storage.group_fp32(bis)
+                parts += [_device_sum_of_squares(g) for g in segs]
+                if gi == last:
+                    self._kept = (gi, buf, segs)
+                del buf, segs
+            return self._bucket_norm(parts, self.storage.bucket_fp32, mult)
         total *= mult * mult
         return math.sqrt(total) if total >= 0 else float("nan")
 
@@ -542,27 +554,36 @@ class QuanGradDDP(torch.nn.Module):
         return groups
 
     def _step_replicated(self, mult: float, sums: list | None = None) -> None:
-        """Dequantize, scale by ``mult`` and step, a group of buckets at a time; ``sums``: also append each bucket's
-        device sum of squares (before scaling, for the reported norm)."""
-        opt, masters = self.optimizer, self._masters
-        for bis in self._groups:
-            for bi in bis:
-                g = self._fp32.pop(bi, None)
-                g = self.storage.bucket_fp32(bi) if g is None else g
-                if sums is not None:
-                    sums.append(_device_sum_of_squares(g))
-                if mult != 1.0:
-                    g.mul_(mult)
-                for s in self.layout.buckets[bi].slots:
-                    m = masters[s.index]
-                    m.grad = g[s.offset: s.offset + s.numel].view(s.shape).to(m.dtype)
+        """Dequantize, scale by ``mult`` and step, a group of buckets at a time (the group _global_norm kept first);
+        ``sums``: also append each bucket's device sum of squares (before scaling, bucket order, for the reported
+        norm). Per group: one fp32 buffer, one scaling pass, one optimizer call; the parameters get the masters'
+        values in one foreach copy at the end."""
+        opt = self.optimizer
+        kept, self._kept = self._kept, None
+        order = list(range(len(self._groups)))
+        if kept is not None:
+            order.remove(kept[0])
+            order.insert(0, kept[0])
+        for gi in order:
+            if kept is not None and kept[0] == gi:
+                buf, segs = kept[1], kept[2]
+                kept = None
+            else:
+                buf, segs = self.storage.group_fp32(self._groups[gi])
+            if sums is not None:
+                sums += [_device_sum_of_squares(g) for g in segs]
+            if mult != 1.0:
+                buf.mul_(mult)
+            grads = self._group_grads[gi]
+            for m, start, numel, shape, cast in grads:
+                g = buf[start: start + numel].view(shape)
+                m.grad = g.to(m.dtype) if cast else g
             opt.step()
-            for bi in bis:
-                for s in self.layout.buckets[bi].slots:
-                    masters[s.index].grad = None
+            for m, *_ in grads:
+                m.grad = None
+            del buf, segs
         if self.use_master:
-            for p, m in zip(self._params, masters):
-                p.copy_(m)  # one round-to-nearest-even cast to the model's dtype
+            torch._foreach_copy_(self._params, self._masters)  # one round-to-nearest-even cast per element, as copy_
 
     def _step_sharded(self, mult: float) -> None:
         for op, shard, b in zip(self._ops, self._shards, self.layout.buckets):

@@ -197,28 +197,32 @@ def test_optimizer_calls_grouped_by_step_group_mb_give_the_same_weights():
         QuanGradConfig(step_group_mb=-1)
 
 
-def test_without_clipping_one_dequantize_per_bucket_same_step_and_norm(monkeypatch):
+@pytest.mark.parametrize("group_mb", [0.0, 512.0])
+def test_without_clipping_one_dequantize_per_bucket_same_step_and_norm(monkeypatch, group_mb):
     """max_grad_norm=None: the reported norm is summed from the gradient the optimizer step dequantizes (one
     dequantize per bucket, not two), the same float and the same weights as the two-pass path (forced here by a
-    clip threshold no norm reaches); a NaN gradient is still found first and the step skipped, reported alike."""
+    clip threshold no norm reaches); a NaN gradient is still found first and the step skipped, reported alike.
+    The two-pass path keeps the last step group's fp32 gradient from the norm pass and steps it first: with every
+    bucket in one group (512 MiB) it too dequantizes each bucket once; with one bucket per group (0) all but one
+    bucket twice."""
     from agoq_core.quangrad.storage import GradStorage
 
     torch.manual_seed(0)
     base = TinyNet().to(torch.bfloat16)
     runs = {}
-    real = GradStorage.bucket_fp32
+    real = GradStorage.group_fp32
     for name, clip in (("one pass", None), ("two passes", 1e30)):
         model = TinyNet().to(torch.bfloat16)
         model.load_state_dict(base.state_dict())
         qg = QuanGradDDP(model, optimizer_factory("adamw", lr=1e-2),
-                         config=QuanGradConfig(bucket_cap_mb=0.25 / 1024, max_grad_norm=clip))
+                         config=QuanGradConfig(bucket_cap_mb=0.25 / 1024, max_grad_norm=clip, step_group_mb=group_mb))
         calls = [0]
 
-        def counted(self, bi, _calls=calls):
-            _calls[0] += 1
-            return real(self, bi)
+        def counted(self, bis, _calls=calls):
+            _calls[0] += len(bis)  # buckets dequantized
+            return real(self, bis)
 
-        monkeypatch.setattr(GradStorage, "bucket_fp32", counted)
+        monkeypatch.setattr(GradStorage, "group_fp32", counted)
         reports = []
         for mbs in batches(9, 0, 3, 1):
             for x, y in mbs:
@@ -227,12 +231,14 @@ def test_without_clipping_one_dequantize_per_bucket_same_step_and_norm(monkeypat
         x, y = next(batches(9, 1, 1, 1))[0]
         (torch.nn.functional.mse_loss(qg(x.bfloat16()).float(), y) * float("nan")).backward()
         bad = qg.step()
-        monkeypatch.setattr(GradStorage, "bucket_fp32", real)
+        monkeypatch.setattr(GradStorage, "group_fp32", real)
         runs[name] = ({k: p.detach().clone() for k, p in model.named_parameters()}, reports, bad,
-                      calls[0], len(qg.layout.buckets))
-    (w1, r1, bad1, c1, nb), (w2, r2, bad2, c2, _) = runs["one pass"], runs["two passes"]
-    # 3 finite steps: one dequantize per bucket instead of two; the NaN step takes the two-pass path in both runs
-    assert nb > 1 and c2 - c1 == 3 * nb
+                      calls[0], len(qg.layout.buckets), len(qg._groups[-1]))
+    (w1, r1, bad1, c1, nb, _), (w2, r2, bad2, c2, _, kept) = runs["one pass"], runs["two passes"]
+    # 3 finite steps: the two-pass path dequantizes every bucket outside the kept group twice; the NaN step takes
+    # the two-pass path in both runs
+    assert nb > 1 and c2 - c1 == 3 * (nb - kept)
+    assert kept == (1 if group_mb == 0 else nb)
     assert [r.grad_norm for r in r1] == [r.grad_norm for r in r2] and all(r.clip_coef == 1.0 for r in r1 + r2)
     assert all(qg_ref.bits_equal(w1[k], w2[k]) for k in w1)
     assert bad1.skipped and bad2.skipped and bad1.reason == bad2.reason and bad1.nonfinite_params == bad2.nonfinite_params
