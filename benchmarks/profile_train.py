@@ -4,7 +4,7 @@ torch.profiler kernel breakdown of the same steps the training loop runs.
 Each arm is built exactly as ``agoq train`` builds it (``agoq_core.train.loop.make_arm`` on the same model,
 seed, corpus and options, decoder layers ``torch.compile``'d with ``--compile``), warmed up, then:
 
-* ``phases``: ``--steps`` steps timed with a device sync after each phase: forward+backward of every
+* ``phases``: ``--steps`` steps (interleaved: one step of every arm per round, all arms built first) timed with a device sync after each phase: forward+backward of every
   micro-batch (the loop's own ``Arm.forward_backward``, whose loss read syncs) and the optimizer step
   (``Arm.step``: QuanGrad's reduce + dequantize + optimizer for AGoQ arms; master-weight copies, clipping
   and AdamW for the baseline) — median ms per step;
@@ -78,6 +78,9 @@ def _parse(argv):
     ap.add_argument("--steps", type=int, default=8, help="synced phase-timed steps")
     ap.add_argument("--profile-steps", type=int, default=2)
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--sequential", dest="interleave", action="store_false",
+                    help="one arm at a time (as agoq train); default: every arm built first and the timed steps "
+                         "interleaved in rounds")
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU, 1 step each: checks the script")
     harness.add_json_arg(ap, "profile_train")
     return ap.parse_args(argv)
@@ -123,124 +126,188 @@ def _busy_ms(intervals: list[tuple[float, float]]) -> float:
     return total / 1e3
 
 
-def _profile_arm(arm, corpus, cfg, rt, args, step0: int) -> dict:
-    import torch
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
+class _ArmRun:
+    """One arm built as ``agoq train`` builds it, and its steps (synced per phase when timed)."""
 
-    from agoq_core.train.loop import _sync
+    def __init__(self, name: str, cfg, rt, corpus) -> None:
+        import torch
 
-    scale = 1.0 / cfg.grad_accum
-    cuda = rt.device.type == "cuda"
+        from agoq_core.train.loop import make_arm
+        from agoq_core.train.models import build_model
 
-    def one_step(step: int, timed: dict | None):
-        batches = corpus.step_batches(step, seed=cfg.seed, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum,
-                                      dp=1, rank=0)
+        self.name, self.cfg, self.rt, self.corpus = name, cfg, rt, corpus
+        model = build_model(cfg.model, vocab_size=corpus.vocab_size, seq_len=cfg.seq_len, seed=cfg.seed,
+                            device=rt.device)
+        if rt.dtype == "bf16":
+            model.to(torch.bfloat16)
+        self.arm = make_arm(name, model, rt, cfg)
+        if cfg.compile:
+            from agoq_core.laaq.policy import decoder_layers
+
+            for _, _, layer in decoder_layers(model):
+                layer.compile(backend=cfg.compile)
+        model.train()
+        self.step_no = 0
+        self.timed = {"fwd_bwd": [], "step": []}
+
+    def one_step(self, timed: bool) -> None:
+        from agoq_core.train.loop import _sync
+
+        cfg, rt = self.cfg, self.rt
+        batches = self.corpus.step_batches(self.step_no, seed=cfg.seed, micro_batch=cfg.micro_batch,
+                                           grad_accum=cfg.grad_accum, dp=1, rank=0)
+        self.step_no += 1
         _sync(rt)
         t0 = time.perf_counter()
         for k, b in enumerate(batches):
-            arm.forward_backward(b, scale=scale, last=k == len(batches) - 1)
+            self.arm.forward_backward(b, scale=1.0 / cfg.grad_accum, last=k == len(batches) - 1)
         _sync(rt)
         t1 = time.perf_counter()
-        arm.step(cfg.lr)
+        self.arm.step(cfg.lr)
         _sync(rt)
         t2 = time.perf_counter()
-        if timed is not None:
-            timed["fwd_bwd"].append((t1 - t0) * 1e3)
-            timed["step"].append((t2 - t1) * 1e3)
+        if timed:
+            self.timed["fwd_bwd"].append((t1 - t0) * 1e3)
+            self.timed["step"].append((t2 - t1) * 1e3)
 
-    step = step0
-    for _ in range(args.warmup):
-        one_step(step, None)
-        step += 1
-    timed = {"fwd_bwd": [], "step": []}
-    for _ in range(args.steps):
-        one_step(step, timed)
-        step += 1
-    out = {"phases_ms": {k: statistics.median(v) for k, v in timed.items()}}
-    out["phases_ms"]["total"] = out["phases_ms"]["fwd_bwd"] + out["phases_ms"]["step"]
-    out["tokens_per_s"] = cfg.tokens_per_step / (out["phases_ms"]["total"] / 1e3)
+    def phases(self) -> dict:
+        out = {"phases_ms": {k: statistics.median(v) for k, v in self.timed.items()}}
+        out["phases_ms"]["total"] = out["phases_ms"]["fwd_bwd"] + out["phases_ms"]["step"]
+        out["tokens_per_s"] = self.cfg.tokens_per_step / (out["phases_ms"]["total"] / 1e3)
+        return out
 
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    _sync(rt)
-    t0 = time.perf_counter()
-    with profile(activities=acts) as prof:
-        for _ in range(args.profile_steps):
-            one_step(step, None)
-            step += 1
-    wall_ms = (time.perf_counter() - t0) * 1e3 / args.profile_steps
-    n = args.profile_steps
-    ms = {g: 0.0 for g in GROUPS}
-    count = {g: 0 for g in GROUPS}
-    per_kernel: dict[str, list] = {}
-    intervals = []
-    labels = {lab for lab, _, _ in HOST_RANGES}
-    host: dict[str, list] = {}
-    for e in prof.events():
-        if e.device_type == DeviceType.CPU and e.name in labels:
-            h = host.setdefault(e.name, [0.0, 0])
-            h[0] += e.cpu_time_total / 1e3 / n
-            h[1] += 1
-            continue
-        if cuda:
-            # ranges the profiler mirrors onto the device timeline (record_function, Optimizer.step#...) are not kernels
-            if e.device_type != DeviceType.CUDA or getattr(e, "is_user_annotation", False) or "#" in e.name \
-                    or e.name in labels:
+    def profile(self, steps: int, top_n: int) -> dict:
+        """``steps`` steps under torch.profiler: kernel ms by group, launches, busy vs wall, host ranges."""
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+
+        from agoq_core.train.loop import _sync
+
+        cuda = self.rt.device.type == "cuda"
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        _sync(self.rt)
+        t0 = time.perf_counter()
+        with profile(activities=acts) as prof:
+            for _ in range(steps):
+                self.one_step(False)
+        wall_ms = (time.perf_counter() - t0) * 1e3 / steps
+        n = steps
+        ms = {g: 0.0 for g in GROUPS}
+        count = {g: 0 for g in GROUPS}
+        per_kernel: dict[str, list] = {}
+        intervals = []
+        labels = {lab for lab, _, _ in HOST_RANGES}
+        host: dict[str, list] = {}
+        for e in prof.events():
+            if e.device_type == DeviceType.CPU and e.name in labels:
+                h = host.setdefault(e.name, [0.0, 0])
+                h[0] += e.cpu_time_total / 1e3 / n
+                h[1] += 1
                 continue
-            us = e.time_range.elapsed_us()
-            intervals.append((e.time_range.start, e.time_range.end))
-        else:
-            if e.device_type != DeviceType.CPU or not e.name.startswith("aten::") or e.cpu_parent is not None:
-                continue
-            us = e.cpu_time_total
-        g = group_of(e.name)
-        ms[g] += us / 1e3 / n
-        count[g] += 1
-        k = per_kernel.setdefault(e.name, [0.0, 0, g])
-        k[0] += us / 1e3 / n
-        k[1] += 1
-    top = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[: args.top]
-    out["kernels"] = {
-        "wall_ms": wall_ms,
-        "busy_ms": _busy_ms(intervals) / n if cuda else None,
-        "ms": ms,
-        "per_step": {g: c / n for g, c in count.items()},
-        "launches_per_step": sum(count.values()) / n,
-        "host_ranges": {k: {"cpu_ms": v[0], "calls_per_step": v[1] / n} for k, v in sorted(host.items())},
-        "top": [{"name": name[:110], "ms": v[0], "calls_per_step": v[1] / n, "group": v[2]} for name, v in top],
-    }
-    return out
+            if cuda:
+                # ranges the profiler mirrors onto the device timeline (record_function, Optimizer.step#...) are not kernels
+                if e.device_type != DeviceType.CUDA or getattr(e, "is_user_annotation", False) or "#" in e.name \
+                        or e.name in labels:
+                    continue
+                us = e.time_range.elapsed_us()
+                intervals.append((e.time_range.start, e.time_range.end))
+            else:
+                if e.device_type != DeviceType.CPU or not e.name.startswith("aten::"):
+                    continue
+                us = e.self_cpu_time_total  # on CPU: every ATen op's own time (aten::mm under aten::linear is GEMM)
+            g = group_of(e.name)
+            ms[g] += us / 1e3 / n
+            count[g] += 1
+            k = per_kernel.setdefault(e.name, [0.0, 0, g])
+            k[0] += us / 1e3 / n
+            k[1] += 1
+        top = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:top_n]
+        return {
+            "wall_ms": wall_ms,
+            "busy_ms": _busy_ms(intervals) / n if cuda else None,
+            "ms": ms,
+            "per_step": {g: c / n for g, c in count.items()},
+            "launches_per_step": sum(count.values()) / n,
+            "host_ranges": {k: {"cpu_ms": v[0], "calls_per_step": v[1] / n} for k, v in sorted(host.items())},
+            "top": [{"name": name[:110], "ms": v[0], "calls_per_step": v[1] / n, "group": v[2]} for name, v in top],
+        }
+
+    def close(self) -> None:
+        import torch
+
+        self.arm.close()
+        del self.arm
+        gc.collect()
+        if self.rt.device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
-def run_arm(name: str, cfg, rt, corpus, args) -> dict:
+def run_arms(names: list[str], cfg, rt, corpus, args, report: dict) -> None:
+    """Sequential (one arm at a time, as ``agoq train``) or interleaved: every arm built first, then the timed
+    steps in rounds (one step of each arm per round), so slow drifts of the host or the device hit every arm alike."""
     import torch
 
-    from agoq_core.train.loop import make_arm
-    from agoq_core.train.models import build_model
+    cuda = rt.device.type == "cuda"
 
-    model = build_model(cfg.model, vocab_size=corpus.vocab_size, seq_len=cfg.seq_len, seed=cfg.seed, device=rt.device)
-    if rt.dtype == "bf16":
-        model.to(torch.bfloat16)
-    arm = make_arm(name, model, rt, cfg)
-    if cfg.compile:
-        from agoq_core.laaq.policy import decoder_layers
+    def fail(name, exc):
+        report["arms"][name] = {"error": f"{type(exc).__name__}: {exc}"}
 
-        for _, _, layer in decoder_layers(model):
-            layer.compile(backend=cfg.compile)
-    model.train()
-    try:
-        res = _profile_arm(arm, corpus, cfg, rt, args, step0=0)
-        if rt.device.type == "cuda":
-            res["peak_gib"] = torch.cuda.max_memory_allocated(rt.device) / 2**30
-        res["notes"] = list(arm.notes)
-        return res
-    finally:
-        arm.close()
-        del arm, model
-        gc.collect()
-        if rt.device.type == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(rt.device)
+    if not args.interleave:
+        for name in names:
+            print(f"--- {name}", flush=True)
+            run = None
+            try:
+                run = _ArmRun(name, cfg, rt, corpus)
+                for _ in range(args.warmup):
+                    run.one_step(False)
+                for _ in range(args.steps):
+                    run.one_step(True)
+                res = run.phases()
+                res["kernels"] = run.profile(args.profile_steps, args.top)
+                if cuda:
+                    res["peak_gib"] = torch.cuda.max_memory_allocated(rt.device) / 2**30
+                    torch.cuda.reset_peak_memory_stats(rt.device)
+                res["notes"] = list(run.arm.notes)
+                report["arms"][name] = res
+            except Exception as exc:  # one arm failing keeps the others
+                fail(name, exc)
+            finally:
+                if run is not None:
+                    run.close()
+            harness.write_json(report, args.json, "profile_train")
+        return
+    runs = {}
+    for name in names:
+        print(f"--- build + warm up {name}", flush=True)
+        try:
+            runs[name] = _ArmRun(name, cfg, rt, corpus)
+            for _ in range(args.warmup):
+                runs[name].one_step(False)
+        except Exception as exc:
+            fail(name, exc)
+            runs.pop(name, None)
+    for r in range(args.steps):
+        for name, run in list(runs.items()):
+            try:
+                run.one_step(True)
+            except Exception as exc:
+                fail(name, exc)
+                runs.pop(name).close()
+    for name, run in runs.items():
+        print(f"--- profile {name}", flush=True)
+        try:
+            res = run.phases()
+            res["kernels"] = run.profile(args.profile_steps, args.top)
+            res["notes"] = list(run.arm.notes)
+            report["arms"][name] = res
+        except Exception as exc:
+            fail(name, exc)
+    if cuda:
+        report["peak_gib_all_arms"] = torch.cuda.max_memory_allocated(rt.device) / 2**30
+    for run in runs.values():
+        run.close()
+    report["arms"] = {n: report["arms"][n] for n in names if n in report["arms"]}
+    harness.write_json(report, args.json, "profile_train")
 
 
 def render(report: dict) -> str:
@@ -297,13 +364,7 @@ def main(argv=None) -> dict:
     report["env"].setdefault("device", str(rt.device))
     _label_host_ranges()
     try:
-        for name in arms:
-            print(f"--- {name}", flush=True)
-            try:
-                report["arms"][name] = run_arm(name, cfg, rt, corpus, args)
-            except Exception as exc:  # one arm failing keeps the others
-                report["arms"][name] = {"error": f"{type(exc).__name__}: {exc}"}
-            harness.write_json(report, args.json, "profile_train")
+        run_arms(arms, cfg, rt, corpus, args, report)
     finally:
         shutdown(rt)
     md = render(report)
