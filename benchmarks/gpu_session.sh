@@ -2,7 +2,7 @@
 # One device call, several benchmarks: each stage gets its own time limit and writes into $OUT.
 #   bash benchmarks/gpu_session.sh STAGE[:SECONDS] ...
 # Stages: conformance, laaq, quangrad, laaq-fusion, fusion, codecs, torchtitan, equal-memory, equal-memory-m,
-# layer-profile-64k, layer-profile-qc32k, policy-80, longest, laaq-16k, layer-profile-fp8, float8-m, float8-80, float8-ce, liger, layer-profile-fp8-64k, float8-80-64k, float8-64k, integrations, grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host,
+# layer-profile-64k, layer-profile-qc32k, policy-80, longest, laaq-16k, layer-profile-fp8, float8-m, float8-80, float8-ce, liger, layer-profile-fp8-64k, float8-80-64k, float8-64k, cells, integrations, grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host,
 # dequant-tiles, train-split-c, train-profile, train-profile-c. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
 set -u
 source "$(dirname "$0")/gpu_env.sh"
@@ -81,6 +81,14 @@ for spec in "$@"; do
                 cmd=(python3 benchmarks/bench_equal_memory.py --configs policy-m-fp8,fp8-ce-c --caps 0 \
                      --seqs 64K --steps 2 --warmup 1 --cell-timeout-s $(( (secs - 10) / 2 )) \
                      --layer-costs "$lc" --json "$OUT/bench_equal_memory_fp8_64k.json") ;;
+    # any slice of the equal-memory matrix (issue 18), e.g. the rows not measured yet:
+    #   CELLS_CONFIGS=plain-c,fp8-ce-c,laaq-c,policy-m-fp8 CELLS_SEQS=8K CELLS_CAPS=0,80 bash gpu_session.sh cells:560
+    # CELLS_COSTS: per-layer profiles for the policy-m* rows (default: the 32K float8 one); CELLS_STEPS (2)
+    cells) cmd=(python3 benchmarks/bench_equal_memory.py --configs "${CELLS_CONFIGS:?set CELLS_CONFIGS}" \
+                --caps "${CELLS_CAPS:-0}" --seqs "${CELLS_SEQS:?set CELLS_SEQS}" --steps "${CELLS_STEPS:-2}" --warmup 1 \
+                --cell-timeout-s 240 --budget-s $((secs - 60)) \
+                --layer-costs "${CELLS_COSTS:-docs/bench/h200-2026-12-02-s3/bench_layer_profile_fp8.json}" \
+                --json "$OUT/bench_equal_memory_cells.json") ;;
     float8-ce) cmd=(python3 benchmarks/bench_equal_memory.py --configs fp8-ce-c --caps 0 --seqs 32K \
                     --steps 3 --warmup 2 --cell-timeout-s $((secs - 10)) --json "$OUT/bench_equal_memory_fp8ce.json") ;;
     # Liger-Kernel (RMSNorm, SwiGLU, RoPE, fused linear CE) + the fastest checkpointing that fits, 32K, both budgets
