@@ -242,3 +242,30 @@ def test_without_clipping_one_dequantize_per_bucket_same_step_and_norm(monkeypat
     assert [r.grad_norm for r in r1] == [r.grad_norm for r in r2] and all(r.clip_coef == 1.0 for r in r1 + r2)
     assert all(qg_ref.bits_equal(w1[k], w2[k]) for k in w1)
     assert bad1.skipped and bad2.skipped and bad1.reason == bad2.reason and bad1.nonfinite_params == bad2.nonfinite_params
+
+
+def test_bf16_parameters_without_masters_step_on_their_dequantized_gradient_cast_to_bf16():
+    """master_weights="off" with bf16 parameters: the step group's fp32 gradient reaches the optimizer cast to the
+    parameter's dtype (one round-to-nearest-even). Checked against torch's SGD run on a copy of the parameters with
+    .grad = the wrapper's own dequantized gradient cast to bf16, with and without a clip coefficient."""
+    for clip in (None, 1e-3):
+        torch.manual_seed(0)
+        model = TinyNet().to(torch.bfloat16)
+        twin = TinyNet().to(torch.bfloat16)
+        twin.load_state_dict(model.state_dict())
+        qg = QuanGradDDP(model, optimizer_factory("sgd", lr=0.5),
+                         config=QuanGradConfig(bucket_cap_mb=0.25 / 1024, step_group_mb=0, master_weights="off",
+                                               max_grad_norm=clip))
+        assert not qg.use_master
+        (x, y), = next(batches(9, 0, 1, 1))
+        torch.nn.functional.mse_loss(qg(x.bfloat16()).float(), y).backward()
+        grads = {n: qg.gradient(n) for n, _ in model.named_parameters()}  # fp32, before the step
+        rep = qg.step()
+        coef = rep.clip_coef
+        assert (coef < 1.0) == (clip is not None)
+        for n, p in twin.named_parameters():
+            g = grads[n]
+            p.grad = (g * coef if coef != 1.0 else g).to(torch.bfloat16)
+        torch.optim.SGD(twin.parameters(), lr=0.5).step()
+        for (n, a), (_, b) in zip(model.named_parameters(), twin.named_parameters()):
+            assert a.dtype == torch.bfloat16 and qg_ref.bits_equal(a.detach(), b.detach()), n
