@@ -100,35 +100,31 @@ def _group_mask(rows, row_ok, k, n, G: tl.constexpr, BLOCK: tl.constexpr, RAGGED
 
 
 # ---- the block quantizer on a register tile -------------------------------------------------------------
+# Spec version 3 (docs/formats.md §3 step 6): v = RN(x * r) with r = RN(1/scale), one correctly rounded
+# reciprocal per block and one multiply per element. Both paths form r from the scale's mantissa: the power of
+# two k puts b = scale * k in [2, 4) (exact), RN(1/b) lies in (1/4, 1/2], and r = RN(1/b) * k exactly whenever
+# r is a normal fp32. That is every block of a format with QMAX >= 4 (scale * QMAX is finite, so scale < 2**126
+# and r > 2**-126); for QMAX < 4 (nf4: QMAX = 1, r below 2**-126 when absmax >= 2**126) the element is scaled
+# instead, v = RN((x * k) * RN(1/b)): the same real product (x * k is exact unless it is below 2**-126, and then
+# so is v, which every code maps to the zero code), without a subnormal reciprocal for flush-to-zero hardware.
 @triton.jit
-def _scaled_quotient(xf, scale, FAST_DIV: tl.constexpr):
-    """RN(xf / scale) per element, scale per row (> 0; rows with scale 0 give garbage the caller drops).
+def _scaled_values(xf, scale, QMAX: tl.constexpr):
+    """CUDA (FAST_DIV): RN(xf * RN(1/scale)) per element, scale per row (> 0 normal; rows with scale 0 give
+    garbage the caller drops).
 
-    FAST_DIV=False: one correctly rounded division per element (tl.math.div_rn).
-    FAST_DIV=True (needs a true fused multiply-add, so not the interpreter, whose fma rounds twice):
-    per row, b = scale * 2**k in [2, 4) (exact) and y = RN(1/b); per element, q = x'y then two
-    Markstein corrections q <- RN(q + RN(x' - b q) y) with x' = x 2**k. The first makes q faithful,
-    after which x' - b q is exact and the second gives RN(x'/b) = RN(x/scale) (Markstein's theorem:
-    y within half an ulp of 1/b, q within one ulp). The 2**k scaling keeps every remainder above
-    the subnormal range; quotients below 2**-100 may differ but every code maps them to zero
-    (their sign is restored by the caller). 6 flops instead of a ~12-instruction division.
-    CUDA only: x' = libdevice.mul_rn(x, 2**k) and y = libdevice.rcp_rn(b) compile, with Triton's FTZ
-    reflection of libdevice, to mul.rn.ftz / rcp.rn.ftz: the multiply flushes a subnormal x to +-0 (the
-    contract's step 2, so the caller needs no select per element; a product below 2**-126 is flushed too,
-    but its quotient is below 2**-127 and codes to zero anyway) and the reciprocal has no slow path
-    (b is normal). backends/triton_common/tests/test_fast_division.py replays the sequence with an exact fma.
-    """
-    if FAST_DIV:
-        k = ((255 - ((scale.to(tl.int32, bitcast=True) >> 23) & 0xFF)) << 23).to(tl.float32, bitcast=True)
-        b = scale * k
-        nb = -b[:, None]
-        y = libdevice.rcp_rn(b)[:, None]
-        x2 = libdevice.mul_rn(xf, k[:, None])
-        q = x2 * y
-        q = tl.fma(tl.fma(nb, q, x2), y, q)
-        return tl.fma(tl.fma(nb, q, x2), y, q)
+    libdevice.rcp_rn(b) and libdevice.mul_rn compile, with Triton's FTZ reflection of libdevice, to rcp.rn.ftz
+    and mul.rn.ftz: b is normal, so the reciprocal has no slow path, and the multiply flushes a subnormal x to
+    +-0 (the contract's step 2, so the caller needs no select per element; a product below 2**-126 is flushed
+    too, and every code maps it to zero). A PTX multiply with an explicit rounding modifier is never contracted
+    into an FMA with the add of the encoder (ptxas keeps mul.rn separate; the launchers also pass
+    enable_fp_fusion=False). backends/triton_common/tests/test_fast_division.py replays the sequence in numpy.
+    One multiply per element instead of the v2 quotient's six flops."""
+    k = ((255 - ((scale.to(tl.int32, bitcast=True) >> 23) & 0xFF)) << 23).to(tl.float32, bitcast=True)
+    y = libdevice.rcp_rn(scale * k)
+    if QMAX >= 4.0:
+        return libdevice.mul_rn(xf, (y * k)[:, None])  # y * k: exact, a normal fp32 (see above)
     else:
-        return tl.math.div_rn(xf, tl.where(scale == 0.0, 1.0, scale)[:, None])
+        return libdevice.mul_rn(libdevice.mul_rn(xf, k[:, None]), y[:, None])
 
 
 @triton.jit
@@ -169,16 +165,30 @@ def _exact_scale(amax, QMAX: tl.constexpr):
 
 
 @triton.jit
-def _exact_scaled_values(xf, scale):
-    """RN(xf / scale) per element without a division: |xf| and the row's scale are scaled by the same
-    power of two k (scale k in [2, 4), exact), codes.exact_quotient gives the magnitude, xf the sign.
-    xf finite or 0 with |xf| <= about qmax scale; scale > 0 normal (rows with scale 0 pass 1)."""
+def _exact_recip(scale):
+    """Per row: (k, RN(1/b)) with k the power of two that puts b = scale * k in [2, 4) (exact) and RN(1/b) in
+    (1/4, 1/2] correctly rounded without a division (codes.exact_quotient with numerator 1): RN(1/scale) =
+    RN(1/b) * k whenever that is a normal fp32. scale > 0 normal (rows with scale 0 pass 1)."""
     k = pow2_scale_to_2_4(scale)
     b = scale * k
     bh, bl = split12(b)
-    y = recip_2_4(b)
-    q = exact_quotient(tl.abs(xf) * k[:, None], b[:, None], bh[:, None], bl[:, None], y[:, None])
-    return (q.to(tl.int32, bitcast=True) | (xf.to(tl.int32, bitcast=True) & _SIGN)).to(tl.float32, bitcast=True)
+    return k, exact_quotient(tl.zeros_like(b) + 1.0, b, bh, bl, recip_2_4(b))
+
+
+@triton.jit
+def _exact_scaled_values(xf, scale, QMAX: tl.constexpr):
+    """RN(xf * RN(1/scale)) per element with IEEE multiplies only (the interpreter, Ascend): the reciprocal by
+    _exact_recip, then one multiply of |xf| per element whose bits get xf's sign by an integer OR. The OR is
+    what keeps the product from being contracted into an FMA with the encoder's rounding add
+    ((v + 1.5 * 2**23) - ...): no add ever consumes the inexact product itself (the principle of §3.1 and
+    _materialise; test_exact_division runs this with every multiply-add contracted).
+    xf finite or 0; scale > 0 normal (rows with scale 0 pass 1)."""
+    k, rb = _exact_recip(scale)
+    if QMAX >= 4.0:  # r = rb * k is exact and normal (the comment above _scaled_values)
+        p = tl.abs(xf) * (rb * k)[:, None]
+    else:  # nf4: (|x| * k) * rb, no subnormal reciprocal
+        p = (tl.abs(xf) * k[:, None]) * rb[:, None]
+    return (p.to(tl.int32, bitcast=True) | (xf.to(tl.int32, bitcast=True) & _SIGN)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -218,8 +228,7 @@ def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.
         bad = rowmax >= _EXP_MASK
         amax = tl.where(rowmax < _MIN_NORMAL_BITS, 0, rowmax).to(tl.float32, bitcast=True)
         scale = finite_scale(libdevice.div_rn(amax, QMAX), QMAX)
-        # (the quotient's sign may be wrong below 2**-100; every code maps those to +0: no -0 code)
-        v = _scaled_quotient(x, scale, FAST_DIV)
+        v = _scaled_values(x, scale, QMAX)
     else:
         ax = tl.abs(x)
         xf = tl.where(ax < _MIN_NORMAL_F32, 0.0, x)
@@ -228,7 +237,7 @@ def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.
         amax = tl.max(ax, axis=1)
         amax = tl.where(bad | (amax < _MIN_NORMAL_F32), 0.0, amax)
         scale = finite_scale(_exact_scale(amax, QMAX), QMAX)  # qmax x scale stays finite (§3 step 5)
-        v = _exact_scaled_values(xf, tl.where(scale == 0.0, 1.0, scale))
+        v = _exact_scaled_values(xf, tl.where(scale == 0.0, 1.0, scale), QMAX)
     codes = _encode_tile(v, elut_ptr, KIND, BITS, QMAX, HW, LUT, not RAW)
     if not RAW:
         codes = tl.where((bad | (scale == 0.0))[:, None], zero_code(KIND, BITS), codes)
