@@ -1,8 +1,8 @@
 """The pure-torch reference codecs: THE oracle every backend is compared against.
 
 Written from the contract in docs/formats.md, not from any kernel. Runs on any device torch has
-(the arithmetic is IEEE fp32 with correctly rounded division and round-half-to-even), so the
-``reference`` backend is simply these functions.
+(the arithmetic is IEEE fp32 with correctly rounded division and round-half-to-even; no float64, which
+Ascend A2/A3 lack), so the ``reference`` backend is simply these functions.
 
 Shape legend: N = numel, NB = number of blocks, B = block size, W = number of ranks.
 """
@@ -21,6 +21,7 @@ __all__ = [
     "encode",
     "decode_table",
     "nf4_thresholds",
+    "scaled_values",
     "accumulate",
     "reduce_requantize",
 ]
@@ -90,12 +91,33 @@ def encode(v: torch.Tensor, spec: FormatSpec) -> torch.Tensor:
     raise ValueError(f"unknown code kind {spec.kind!r}")
 
 
+# Above this scale RN(1/scale) would be subnormal. Only nf4 (qmax 1) has such blocks (absmax > 2**126); every
+# format with qmax >= 4 has scale < 2**126, since scale * qmax is finite (§3 step 5).
+_HUGE_SCALE = 2.0**126
+_TWO_M64 = 2.0**-64
+
+
+def scaled_values(xb: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """v = RN(x * RN(1/scale)) per element (spec version 3, docs/formats.md §3 step 6): one correctly rounded
+    fp32 division per block, one fp32 multiply per element. xb fp32 [NB, B], scale fp32 [NB] (> 0 normal).
+
+    For a scale above 2**126 (nf4 only) the contract keeps the reciprocal's 24 bits instead of a subnormal
+    fp32: v = RN((x * 2**-64) * RN(2**64 / scale)), the same real product x * r (x * 2**-64 is exact unless it
+    is below 2**-126, and then |v| < 2**-62, which every code maps to zero).
+    """
+    one = torch.ones_like(scale)
+    v = xb * (one / scale)[:, None]
+    huge = scale > _HUGE_SCALE
+    v_huge = (xb * _TWO_M64) * (one / (scale * _TWO_M64))[:, None]
+    return torch.where(huge[:, None], v_huge, v)
+
+
 def quantize_blocks(x: torch.Tensor, spec: FormatSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize the flattened ``x`` -> (packed uint8 codes, fp32 scales[NB]).
 
     Steps (docs/formats.md §3): fp32 -> flush subnormals -> per-block non-finite flag and absmax ->
     scale = absmax / qmax (scales below 2**-126 become 0, one step down if qmax x scale overflows) ->
-    v = x / scale -> encode -> pack.
+    v = x * RN(1/scale) (spec version 3; x / scale before) -> encode -> pack.
     """
     n = x.numel()
     nb = spec.num_blocks(n)
@@ -122,7 +144,7 @@ def quantize_blocks(x: torch.Tensor, spec: FormatSpec) -> tuple[torch.Tensor, to
     over = torch.isinf(scale * spec.qmax)
     scale = torch.where(over, (scale.view(torch.int32) - 1).view(torch.float32), scale)
     divisor = torch.where(scale == 0, torch.ones_like(scale), scale)
-    v = xb / divisor[:, None]
+    v = scaled_values(xb, divisor)
     v = torch.where((scale == 0)[:, None], torch.zeros_like(v), v)
     codes = encode(v, spec)
     codes[nonfinite] = spec.zero_code

@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 #: Version of the numerics contract in docs/formats.md. Bump it when any code or scale changes.
-SPEC_VERSION = 2
+SPEC_VERSION = 3
 
 #: Smallest positive normal fp32 (2**-126). Inputs and scales below it are flushed to zero so that
 #: flush-to-zero hardware (and Triton's FTZ defaults) cannot change a code (docs/formats.md §3).
@@ -58,7 +58,7 @@ class FormatSpec:
     """A named block-scaled format.
 
     One FP32 scale per ``block`` consecutive elements of the flattened (row-major) tensor;
-    ``code = encode(x / scale)``, ``x_hat = decode(code) * scale``. Codes of ``bits`` bits are
+    ``code = encode(x * RN(1/scale))`` (spec version 3), ``x_hat = decode(code) * scale``. Codes of ``bits`` bits are
     packed little-endian into a bit stream (docs/formats.md §5).
     """
 

@@ -145,6 +145,9 @@ def _store(dtype: str) -> list[tuple[str, int, int]]:
 
 
 _TILE = [("element offsets", 1, _I32), ("element mask", 1, _BOOL)]
+# Spec version 3 removed the per-element quotient (one reciprocal per block, one multiply per element): the
+# list below still counts the version-2 quotient's buffers, an overestimate (safe: smaller tiles than needed).
+# Shrinking it changes every planned tile and max_block; left for the first NPU run to calibrate.
 # The portable block quantizer (kernels.quantize_tile, FAST_DIV=False): |x|, the flush mask, the kept x and
 # the x - x row-sum operand, then the division-free quotient (codes.exact_quotient): the scaled |x|, the
 # first quotient and its 12-bit head, the Newton remainder, the corrected quotient, its split, the four-term

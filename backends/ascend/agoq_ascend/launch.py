@@ -41,7 +41,7 @@ class AscendGeometry:
         """rows caps learned from "ub overflow" compile errors, per (op, kind, bits, block, dtype)."""
 
     def hw(self, device: torch.device, requested: bool | None) -> bool:
-        # HW=True is CUDA sm_89+ only (hardware fp8/bf16 converts, an FMA-based quotient): A2/A3 have no FP8,
+        # HW=True is CUDA sm_89+ only (hardware fp8/bf16 converts, libdevice's rcp.rn / mul.rn): A2/A3 have no FP8,
         # and the FMA trick's exactness on Ascend's vector unit is unverified.
         if requested:
             raise ValueError("hw=True (hardware fp8/bf16 conversions) is CUDA sm_89+ only; agoq-ascend runs the "

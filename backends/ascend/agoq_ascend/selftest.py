@@ -4,9 +4,9 @@ The kernels are written so that their results depend on nothing a device may do 
 instruction, no contractible multiply-add, no float max on NaN, integer logic for FP8/bf16), and that has
 been checked in Triton's interpreter and with the Triton-Ascend frontend -- but never on an NPU. So before
 the backend serves anything, it quantizes (and accumulates into) a small set of adversarial vectors on the
-device and compares codes and scales bit for bit with the pure-torch reference on the CPU: quotients next
-to rounding midpoints (a division that is not correctly rounded shows here), products that an FMA would
-round differently, subnormals, a NaN and an Inf block, ragged tails. Any difference refuses the backend
+device and compares codes and scales bit for bit with the pure-torch reference on the CPU: scaled values next
+to rounding midpoints (a reciprocal that is not correctly rounded, or a product fused into the rounding add,
+shows here), products that an FMA would round differently, subnormals, a NaN and an Inf block, ragged tails. Any difference refuses the backend
 with a message naming the failing checks. ``AGOQ_ASCEND_SELF_TEST=0`` skips it (at your own risk).
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ def self_test_vectors(block: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(20)
     n = 4 * block + 37
     x = torch.randn(n, generator=g) * torch.exp2(torch.randint(-20, 20, (n,), generator=g).float())
-    # block 0: quotients next to rounding midpoints: x = (k + 1/2 +- tiny) * scale for an odd-ish scale
+    # block 0: scaled values next to rounding midpoints: x = (k + 1/2 +- tiny) * scale for an odd-ish scale
     s = 1.2345678 / 127.0
     k = torch.arange(block, dtype=torch.float64) % 120 - 60
     x[:block] = ((k + 0.5) * s * (1 + torch.randn(block, generator=g, dtype=torch.float64) * 1e-7)).float()

@@ -7,7 +7,8 @@ write of the codes and scales. The same functions also run eagerly (no C++ compi
 What keeps them bit-exact with the reference under Inductor (checked in tests/test_codegen.py):
 * every float step is one IEEE fp32 op (``/`` is a true division on CPU: Inductor's
   multiply-by-reciprocal rewrite of constant divisors is disabled for CPU tensors, and ``qmax`` is a
-  tensor argument anyway); Inductor compiles C++ with ``-ffp-contract=off`` and without
+  tensor argument anyway); the scaled values are one reciprocal per block and one multiply per element
+  (spec version 3, ``_scaled_values``); Inductor compiles C++ with ``-ffp-contract=off`` and without
   ``-funsafe-math-optimizations`` (torch._inductor.config.cpp), so ``a * b + c`` is never an FMA;
 * round-half-to-even is ``torch.round`` (``nearbyint`` / ``_mm*_round_ps``, both RNE);
 * FP8 codes are PyTorch's own ``float32 -> float8`` conversion after the clamp, and FP8 decoding its
@@ -107,6 +108,21 @@ def prepare(spec: FormatSpec) -> None:
         _ZERO_IS_ZERO_CODE[key] = int(encode(torch.zeros(1), spec)[0]) == spec.zero_code
 
 
+def _scaled_values(x: torch.Tensor, scale: torch.Tensor, spec: FormatSpec) -> torch.Tensor:
+    """v = RN(x * RN(1/scale)) (docs/formats.md §3 step 6, spec version 3): one fp32 division per block, one fp32
+    multiply per element (never an FMA: Inductor compiles with -ffp-contract=off, and no add follows it before
+    torch.round / the FP8 cast / the compares). scale [NB, 1] > 0 normal.
+
+    With qmax >= 4, scale * qmax finite means scale < 2**126, so RN(1/scale) is a normal fp32 and the plain
+    reciprocal is the contract's. nf4 (qmax 1) can have scales >= 2**126, whose fp32 reciprocal is subnormal;
+    there the power of two k = 2**(128 - exponent) puts b = scale * k in [2, 4) and v = RN((x * k) * RN(1/b)):
+    the same real product (x * k is exact unless below 2**-126, and then v codes to zero anyway)."""
+    if spec.qmax >= 4:
+        return x * (1.0 / scale)  # torch: reciprocal(scale), which Inductor's C++ computes as 1 / scale
+    k = ((255 - ((scale.view(torch.int32) >> 23) & 0xFF)) << 23).view(torch.float32)
+    return (x * k) * (1.0 / (scale * k))
+
+
 def quantize_blocks(x2d: torch.Tensor, qmax: torch.Tensor, spec: FormatSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """x2d[NB, B] (fp32/bf16/fp16) -> (packed codes uint8[NB * B * bits / 8], scales fp32[NB]).
 
@@ -127,7 +143,7 @@ def quantize_blocks(x2d: torch.Tensor, qmax: torch.Tensor, spec: FormatSpec) -> 
     scale = torch.where(torch.isinf(scale * qmax), (scale.view(torch.int32) - 1).view(torch.float32), scale)
     x = torch.where(x.abs() < MIN_NORMAL_F32, 0.0, x)        # flush subnormals and -0 (float compares vectorise)
     zero = scale == 0
-    v = torch.where(zero, 0.0, x / torch.where(zero, 1.0, scale))
+    v = torch.where(zero, 0.0, _scaled_values(x, torch.where(zero, 1.0, scale), spec))
     codes = _encode(v, spec)  # v is 0 in a non-finite block (its scale is 0 here): the zero code
     if not _ZERO_IS_ZERO_CODE.get(spec_key(spec), False):
         codes = torch.where(nonfinite, spec.zero_code, codes)

@@ -98,7 +98,7 @@ def parse_vec16(text: str | None) -> dict[tuple[str, str], bool | None]:
 
 @functools.cache
 def _hw_conversions(device: torch.device) -> bool:
-    """HW=True kernels (hardware fp8/bf16 conversions, FMA quotient) need CUDA sm_89+ (fp8 cvt)."""
+    """HW=True kernels (hardware fp8/bf16 conversions, libdevice rcp.rn / mul.rn) need CUDA sm_89+ (fp8 cvt)."""
     if device.type != "cuda":
         return False
     return torch.cuda.get_device_capability(device) >= (8, 9)

@@ -64,7 +64,9 @@ _NF4_T14 = tl.constexpr(0.8614784479141235)
 
 
 # ---- division without a division instruction ---------------------------------------------------------
-# The contract (docs/formats.md §3) needs RN(a / b) twice per block: the scale and every scaled value.
+# The contract (docs/formats.md §3) needs RN(a / b) twice per block: the scale absmax / qmax and, since spec
+# version 3, the reciprocal 1 / scale that every scaled value is multiplied by (spec versions 1-2 divided
+# every element).
 # Hardware division cannot be trusted for that on every device (Triton-Ascend lowers tl.math.div_rn to a
 # plain arith.divf; its own test checks it to 1e-4 only), and a multiply-add contraction the compiler is
 # free to make must not change a result either. So the portable path (HW=False) divides with IEEE add,
@@ -278,8 +280,9 @@ def encode(v, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr, HW: tl
     is clamped to +-qmax first). HW=False uses integer logic (the interpreter's fp8 casts are wrong,
     Ascend 910B has no fp8).
 
-    CLAMP=False skips the clamp to +-qmax. Only for v = RN(x / RN(absmax / qmax)) with |x| <= absmax:
-    then |v| <= qmax (1 + 2**-22), which every code rounds back to +-qmax (int: below qmax + 1/2; FP4,
+    CLAMP=False skips the clamp to +-qmax. Only for v = RN(x * RN(1/scale)), scale = RN(absmax / qmax) (or one
+    ulp below it, §3 step 5), with |x| <= absmax: then |v| <= qmax (1 + 2**-21) (four roundings of at most
+    2**-24 and the step of 2**-23), which every code rounds back to +-qmax (int: below qmax + 1/2; FP4,
     FP8: far below the next binade), so the clamp cannot change a code there (the kernels of this
     package; one instruction per element saved).
 

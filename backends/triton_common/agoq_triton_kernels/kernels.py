@@ -29,10 +29,12 @@ expression with a multiply: Triton-Ascend's mask analysis cannot parse those and
 full-block accesses (backends/ascend/scripts/frontend_compile.py checks every kernel for it).
 
 ``HW`` (constexpr) selects what the hardware may do: False = integer logic, fp32 compares and
-division-free, correctly rounded quotients (codes.exact_quotient; the Triton interpreter, and Ascend,
-whose division is not known to be correctly rounded), True = CUDA sm_89+: hardware fp8 and bf16
-conversions (exact RNE on clamped inputs) and the FMA-based quotient of _scaled_quotient. Both are bit-exact with the reference;
-HW=True only needs fewer instructions (these kernels are ALU-bound on an H200, not memory-bound).
+division-free, correctly rounded scales and reciprocals (codes.exact_quotient; the Triton interpreter, and
+Ascend, whose division is not known to be correctly rounded), True = CUDA sm_89+: hardware fp8 and bf16
+conversions (exact RNE on clamped inputs) and libdevice's rcp.rn / mul.rn for the scaled values
+(_scaled_values). Both are bit-exact with the reference; HW=True only needs fewer instructions (these
+kernels are ALU-bound on an H200, not memory-bound). Scaled values are spec version 3's v = RN(x * RN(1/scale)):
+one reciprocal per block, one multiply per element (docs/formats.md §3 step 6).
 """
 from __future__ import annotations
 
@@ -199,22 +201,23 @@ def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.
 
     The one block quantizer of the Triton backends: the codec kernels (FAST_DIV = HW) and agoq-cuda's
     fused GEMM epilogue (whole blocks per row, FAST_DIV on a GPU with HW=False encodes) call it.
-    HW: hardware fp8 encodes (CUDA sm_89+); FAST_DIV: the FMA-based quotient of _scaled_quotient.
+    HW: hardware fp8 encodes (CUDA sm_89+); FAST_DIV: libdevice's division, reciprocal and multiply (GPUs).
 
     Contract steps: flush |x| < 2**-126, per-block non-finite flag and absmax, scale = absmax / qmax
-    correctly rounded (< 2**-126 -> 0), v = x / scale correctly rounded, encode; a block with NaN/Inf
+    correctly rounded (< 2**-126 -> 0), v = x * RN(1/scale) (spec version 3: one correctly rounded reciprocal
+    per block, one multiply per element that no FMA may absorb), encode; a block with NaN/Inf
     gets scale NaN, a block with scale 0 all zero codes. Non-finite or zero-scale blocks need no clean-up
     of their lanes: their codes are replaced wholesale at the end.
 
     FAST_DIV=True (GPUs): absmax on the magnitude bits (integer order = value order for non-negative
     floats; NaN/Inf sort above every finite value, which is exactly the non-finite flag), the scale by
     libdevice.div_rn (div.rn.ftz: a quotient below 2**-126 is +0, as the contract wants, with no select),
-    and the FMA-based quotient of _scaled_quotient (which also flushes subnormal x).
+    and the rcp.rn / mul.rn of _scaled_values (whose multiply also flushes subnormal x).
     FAST_DIV=False (the interpreter, Ascend): no integer compare per element (Ascend's vector unit runs
     int32 compares as scalar code) and no division instruction: absmax is an fp32 max of |x|, the
     non-finite flag a NaN test on the row sum of x - x (0 for finite x, NaN for NaN and +-Inf; a sum,
-    unlike max, propagates NaN on every device), and both divisions are the exact, division-free ones
-    above (correct whatever the device's division and multiply-add contraction do).
+    unlike max, propagates NaN on every device), and the scale and the reciprocal are the exact,
+    division-free ones above (correct whatever the device's division and multiply-add contraction do).
     SCALE != 0: the microscaling formats' scales (agoq_triton_kernels.mx; ts_ptr: NVFP4's tensor scale).
     RAW: the codes of a zero-scale or non-finite block are left as computed, and FP8's -0 code too: the caller
     fixes both on packed words, a row being all-zero codes iff not (scale > 0) (kernels._store_codes16).

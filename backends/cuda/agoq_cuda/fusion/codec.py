@@ -21,7 +21,7 @@ __all__ = ["quantize_rows", "store_packed", "dequantize_rows"]
 def quantize_rows(x, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr, FAST_DIV: tl.constexpr):
     """fp32 [R, BLOCK], one block per row -> (codes int32 [R, BLOCK], scales fp32 [R]): the shared block
     quantizer of the codec kernels (docs/formats.md §3), with the portable encodes (HW=False) and, with
-    FAST_DIV (GPU only: needs a true FMA), the FMA-based correctly rounded quotient."""
+    FAST_DIV (GPU only: libdevice), the scale by div.rn and the scaled values by rcp.rn / mul.rn."""
     return quantize_tile(x, None, KIND, BITS, QMAX, False, False, FAST_DIV)
 
 
