@@ -22,6 +22,22 @@ def test_case(case, agoq_ctx, pytestconfig):
     assert rec["verdict"] == "pass", rec["detail"]
 
 
+# Decode-only cases of the kept older golden sets: codes written under spec version 2 (which divided per element)
+# must still dequantize to the same bytes (docs/formats.md §8: a version changes encoding, never decoding).
+from agoq_conformance.golden import legacy_decode_cases  # noqa: E402
+
+_LEGACY = legacy_decode_cases()
+
+
+@pytest.mark.parametrize("case,version", _LEGACY, ids=[c["id"] for c, _ in _LEGACY])
+def test_legacy_decode_case(case, version, agoq_ctx, pytestconfig):
+    rec = agoq_ctx.run_legacy(case, version)
+    pytestconfig._agoq_results.append(rec)
+    if rec["verdict"] == "skip":
+        pytest.skip(rec["detail"])
+    assert rec["verdict"] == "pass", rec["detail"]
+
+
 def test_golden_manifest_matches():
     """The golden file on disk is the one whose sha256 is recorded in MANIFEST.json."""
     from agoq_conformance.golden import GOLDEN_PATH, MANIFEST_PATH, golden_sha256
@@ -29,6 +45,10 @@ def test_golden_manifest_matches():
 
     manifest = json.loads(MANIFEST_PATH.read_text())
     assert manifest["files"][GOLDEN_PATH.name]["sha256"] == golden_sha256()
+    from agoq_conformance.golden import LEGACY_VERSIONS, load_legacy_golden
+
+    for v in LEGACY_VERSIONS:  # sha256-checked on load; the kept sets are what their version wrote
+        assert load_legacy_golden(v)["spec_version"] == v
 
 
 # Optional capabilities: fused GEMMs (gemm_quant_epilogue / gemm_dequant_prologue). Level bit_exact+sqnr:

@@ -3,6 +3,10 @@
 Every backend is compared with these frozen bytes, never with another backend (so no machine needs
 two devices). Regenerate only when the numerics contract's version changes:
 ``python -m agoq_conformance.golden --write`` (and commit the new file and its sha256).
+
+Older golden sets stay in the repo for their *decode* cases (``legacy_decode_cases``): a spec version
+changes how values are encoded, never how codes decode, so tensors written under an older version must
+still dequantize to the same bytes on every backend (docs/formats.md §8).
 """
 from __future__ import annotations
 
@@ -18,11 +22,14 @@ from agoq_core.formats import reference as ref
 from agoq_core.formats.spec import SPEC_VERSION, get_format, gradient_formats, list_formats
 from agoq_conformance.inputs import value_classes
 
-__all__ = ["GOLDEN_PATH", "MANIFEST_PATH", "build_golden", "load_golden", "golden_sha256"]
+__all__ = ["GOLDEN_PATH", "MANIFEST_PATH", "LEGACY_VERSIONS", "build_golden", "load_golden", "golden_sha256",
+           "load_legacy_golden", "legacy_decode_cases"]
 
 DATA = Path(__file__).parent / "data"
 GOLDEN_PATH = DATA / f"golden_v{SPEC_VERSION}.pt"
 MANIFEST_PATH = DATA / "MANIFEST.json"
+#: Older spec versions whose golden set is kept for its decode cases (v2: the last one that divided per element).
+LEGACY_VERSIONS = (2,)
 
 _DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 _SEED = 20261129
@@ -131,26 +138,52 @@ def golden_sha256() -> str:
     return _file_sha256(GOLDEN_PATH)
 
 
+def _load_checked(path: Path) -> dict:
+    if not path.exists():
+        raise FileNotFoundError(f"golden set {path} is missing; reinstall agoq-conformance")
+    manifest = json.loads(MANIFEST_PATH.read_text())
+    want = manifest["files"][path.name]["sha256"]
+    got = golden_sha256() if path == GOLDEN_PATH else _file_sha256(path)
+    if got != want:
+        raise RuntimeError(f"golden set {path.name} is corrupt or modified: sha256 {got} != manifest {want}")
+    return torch.load(path, weights_only=True)
+
+
 @functools.cache
 def load_golden() -> dict:
     """Load the committed golden set after checking its sha256 against MANIFEST.json."""
-    if not GOLDEN_PATH.exists():
-        raise FileNotFoundError(f"golden set {GOLDEN_PATH} is missing; reinstall agoq-conformance")
-    manifest = json.loads(MANIFEST_PATH.read_text())
-    want = manifest["files"][GOLDEN_PATH.name]["sha256"]
-    got = golden_sha256()
-    if got != want:
-        raise RuntimeError(f"golden set {GOLDEN_PATH.name} is corrupt or modified: sha256 {got} != manifest {want}")
-    return torch.load(GOLDEN_PATH, weights_only=True)
+    return _load_checked(GOLDEN_PATH)
+
+
+@functools.cache
+def load_legacy_golden(version: int) -> dict:
+    """The kept golden set of an older spec version (sha256-checked like the current one)."""
+    if version not in LEGACY_VERSIONS:
+        raise ValueError(f"no kept golden set for spec version {version}; kept: {LEGACY_VERSIONS}")
+    return _load_checked(DATA / f"golden_v{version}.pt")
+
+
+def legacy_decode_cases() -> list[tuple[dict, int]]:
+    """(case, version): every dequantize case of the kept older golden sets, ids prefixed ``v{version}/``. Their
+    codes and scales were written under that version; decoding them must give the same bytes today."""
+    out = []
+    for v in LEGACY_VERSIONS:
+        for c in load_legacy_golden(v)["cases"]:
+            if c["op"] == "dequantize":
+                out.append((dict(c, id=f"v{v}/{c['id']}"), v))
+    return out
 
 
 def _write() -> None:
     DATA.mkdir(parents=True, exist_ok=True)
     g = build_golden()
     torch.save(g, GOLDEN_PATH)
-    # keep the entries of the other golden files (golden_mx_*.pt); drop older versions of this one
+    # keep the entries of the other golden files (golden_mx_*.pt) and of the kept older versions of this one
+    # (LEGACY_VERSIONS, for their decode cases); drop the others
     old = json.loads(MANIFEST_PATH.read_text())["files"] if MANIFEST_PATH.exists() else {}
-    files = {k: v for k, v in old.items() if not k.startswith("golden_v") and (DATA / k).exists()}
+    kept = {f"golden_v{v}.pt" for v in LEGACY_VERSIONS}
+    files = {k: v for k, v in old.items()
+             if (not k.startswith("golden_v") or k in kept) and k != GOLDEN_PATH.name and (DATA / k).exists()}
     files[GOLDEN_PATH.name] = {"sha256": _file_sha256(GOLDEN_PATH), "bytes": GOLDEN_PATH.stat().st_size,
                                "cases": len(g["cases"])}
     MANIFEST_PATH.write_text(json.dumps({

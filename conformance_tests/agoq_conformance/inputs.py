@@ -10,7 +10,7 @@ import torch
 from agoq_core.formats import reference as ref
 from agoq_core.formats.spec import FP4_E2M1_LEVELS, FormatSpec
 
-__all__ = ["value_classes", "tie_values"]
+__all__ = ["value_classes", "tie_values", "reciprocal_split_values"]
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -50,6 +50,58 @@ def tie_values(spec: FormatSpec, block: int) -> torch.Tensor:
     return torch.cat(out)
 
 
+def _boundaries(spec: FormatSpec) -> torch.Tensor:
+    """The positive decision boundaries of the format's code on the scaled value v (fp64)."""
+    if spec.kind == "int":
+        return torch.arange(int(spec.qmax), dtype=torch.float64) + 0.5
+    if spec.kind == "fp4_e2m1":
+        lv = torch.tensor(FP4_E2M1_LEVELS, dtype=torch.float64)
+        return (lv[:-1] + lv[1:]) / 2
+    if spec.kind == "nf4":
+        return torch.tensor(ref.nf4_thresholds(), dtype=torch.float64).abs()
+    table = ref.decode_table(spec)
+    pos = torch.sort(table[(table > 0) & torch.isfinite(table)]).values.double()
+    return (pos[:-1] + pos[1:]) / 2
+
+
+def reciprocal_split_values(spec: FormatSpec, block: int, seed: int) -> torch.Tensor:
+    """Blocks whose elements code differently under spec version 2 (v = RN(x / scale)) and version 3
+    (v = RN(x * RN(1/scale))): x within a few ulps of scale times a code boundary, kept where the two scaled
+    values fall on different sides of it. A backend still dividing per element, or one whose multiply is fused
+    into the rounding add, fails these. Scales are random (odd mantissas), from 2**-100 to the largest finite
+    blocks (absmax 2**127: for nf4, qmax 1, the reciprocal is below 2**-126 there and keeps its 24 bits);
+    there, elements are also kept where v3 differs from a multiply by the subnormal fp32 reciprocal."""
+    g = _gen(seed)
+    t = _boundaries(spec)
+    ulps = torch.arange(-4, 5, dtype=torch.float64)
+    qmax = torch.tensor(spec.qmax, dtype=torch.float32)
+    out = []
+    for e in (-100, -3, 0, 17, 100, 127):
+        for attempt in range(64):  # random scales until one splits at least 4 elements (the last one: any)
+            m = 1.0 + torch.rand((), generator=g, dtype=torch.float64)
+            amax = torch.tensor(float(m) * 2.0 ** e, dtype=torch.float64).clamp(max=torch.finfo(torch.float32).max)
+            amax = amax.float()
+            scale = amax / qmax
+            if not torch.isfinite(scale * qmax) or scale < torch.finfo(torch.float32).tiny:
+                continue
+            x0 = (t * scale.double()).float()
+            x = (x0.view(torch.int32)[:, None] + ulps.to(torch.int32)[None, :]).view(torch.float32).reshape(-1)
+            x = torch.cat([x, -x])
+            x = x[(x.abs() <= amax) & (x.abs() >= torch.finfo(torch.float32).tiny)]
+            v2 = ref.encode(x / scale, spec)
+            v3 = ref.encode(ref.scaled_values(x[None, :], scale.reshape(1))[0], spec)
+            split = (v2 != v3) | (ref.encode(x * (1.0 / scale), spec) != v3)  # 1/scale: fp32, subnormal if huge
+            x = x[split]
+            if x.numel() >= 4 or (x.numel() and attempt == 63):
+                break
+        x = x[torch.randperm(x.numel(), generator=g)][: block - 1]
+        blk = torch.zeros(block)
+        blk[0] = amax
+        blk[1:1 + x.numel()] = x
+        out.append(blk)
+    return torch.cat(out)
+
+
 def value_classes(spec: FormatSpec, block: int, seed: int) -> dict[str, torch.Tensor]:
     """name -> flat fp32 input. Sizes are deliberately not multiples of the block (ragged tails)."""
     g = _gen(seed)
@@ -74,6 +126,7 @@ def value_classes(spec: FormatSpec, block: int, seed: int) -> dict[str, torch.Te
         "gauss": gauss,
         "heavy": heavy,
         "ties": tie_values(spec, block),
+        "rcp_split": reciprocal_split_values(spec, block, seed + 1),
         "special": special,
         "single": torch.tensor([-2.75]),
         "tail7": torch.randn(7, generator=g) * 3,

@@ -179,6 +179,12 @@ class SuiteContext:
     def run(self, case: dict) -> dict:
         return run_case(case, self.tensors, self.backend, self.device, self.deviations)
 
+    def run_legacy(self, case: dict, version: int) -> dict:
+        """A decode case of the kept golden set of spec ``version`` (golden.legacy_decode_cases)."""
+        from agoq_conformance.golden import load_legacy_golden
+
+        return run_case(case, load_legacy_golden(version)["tensors"], self.backend, self.device, self.deviations)
+
 
 def summarize(ctx: SuiteContext, results: list[dict], *, select: str | None = None, command: str = "") -> dict:
     """Assemble the JSON report for ``results`` produced in ``ctx``."""
@@ -208,26 +214,34 @@ def run_suite(backend: str | None = None, *, device: str | None = None, select: 
     """Run every golden case (or those matching the fnmatch pattern ``select``) on ``backend``."""
     ctx = SuiteContext.create(backend, device)
     cases = [c for c in ctx.golden["cases"] if select is None or fnmatch.fnmatch(c["id"], select)]
+    from agoq_conformance.golden import legacy_decode_cases
+
+    legacy = [(c, v) for c, v in legacy_decode_cases() if select is None or fnmatch.fnmatch(c["id"], select)]
     from agoq_conformance.fused_gemm import fusion_cases, run_fusion_case
 
     from agoq_conformance.capability import capability_cases, run_capability_case
 
     fused = [c for c in fusion_cases() if select is None or fnmatch.fnmatch(c.id, select)]
     caps = [c for c in capability_cases() if select is None or fnmatch.fnmatch(c, select)]
-    if not cases and not fused and not caps:
+    if not cases and not legacy and not fused and not caps:
         raise ValueError(f"no conformance case matches {select!r}")
     results = []
-    total = len(cases) + len(fused) + len(caps)
+    total = len(cases) + len(legacy) + len(fused) + len(caps)
     for i, case in enumerate(cases):
         results.append(ctx.run(case))
         if progress:
             progress(i + 1, total, results[-1])
+    for i, (case, version) in enumerate(legacy):  # older versions' codes decode as they always did
+        results.append(ctx.run_legacy(case, version))
+        if progress:
+            progress(len(cases) + i + 1, total, results[-1])
+    done = len(cases) + len(legacy)
     for j, fcase in enumerate(fused):  # optional capabilities: skipped unless the backend claims them
         results.append(run_fusion_case(fcase, ctx.backend, ctx.device))
         if progress:
-            progress(len(cases) + j + 1, total, results[-1])
+            progress(done + j + 1, total, results[-1])
     for k, cid in enumerate(caps):  # the core's own paths under a no-float64 mode (Ascend has no fp64)
         results.append(run_capability_case(cid, ctx.backend, ctx.device))
         if progress:
-            progress(len(cases) + len(fused) + k + 1, total, results[-1])
+            progress(done + len(fused) + k + 1, total, results[-1])
     return summarize(ctx, results, select=select, command=command)
