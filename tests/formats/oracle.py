@@ -1,7 +1,8 @@
 """An independent oracle for the format contract, written from docs/formats.md in float64/numpy.
 
 It does not call agoq_core.formats.reference: it enumerates every grid point of a block's scale and
-picks the nearest by brute force, and encodes FP8 with integer bit logic.
+picks the nearest by brute force, encodes FP8 with integer bit logic, and forms spec version 3's scaled
+values as the exact float64 product of x and the 24-bit reciprocal, rounded once to fp32.
 """
 from __future__ import annotations
 
@@ -14,6 +15,38 @@ NF4 = np.array([
     0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0], dtype=np.float32)
 FP4 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
 QMAX = {"int4": 7, "int5": 15, "int6": 31, "int8": 127, "fp4_e2m1": 6, "nf4": 1, "fp8_e4m3": 448, "fp8_e5m2": 57344}
+
+
+def reciprocal24(scale: np.ndarray) -> np.ndarray:
+    """1/scale rounded to 24 significant bits, exponent unbounded (§3 step 6, spec version 3), as float64:
+    numpy's IEEE fp32 division of the mantissa m in [0.5, 1) (frexp is exact), times 2**-e exactly. Equal to
+    fp32 1/scale whenever that is normal (scale <= 2**126)."""
+    m, e = np.frexp(np.asarray(scale, dtype=np.float32))
+    return (np.float32(1.0) / m.astype(np.float32)).astype(np.float64) * np.ldexp(1.0, -e)
+
+
+def scaled_values_v3(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """v = RN(x * RN(1/scale)) in fp32 (scale > 0 normal, broadcast against x): the float64 product of 24-bit
+    x and 24-bit r is exact (48 bits, far from float64's range limits), so one cast is the one rounding."""
+    with np.errstate(under="ignore"):
+        return (np.asarray(x, np.float32).astype(np.float64) * reciprocal24(scale)).astype(np.float32)
+
+
+def nearest_codes(v: np.ndarray, fmt: str) -> np.ndarray:
+    """Brute force: the code whose value is nearest to each finite scaled value v (fp32), ties by the contract's
+    rule (even integer / even mantissa bit); NF4 by its thresholds fp32(L[i] + L[i+1]) * 0.5, a value equal to a
+    threshold taking the lower code (§4.4: NF4 does not round to the nearest level)."""
+    v = np.asarray(v, np.float32)
+    if fmt == "nf4":
+        t = ((NF4[:-1] + NF4[1:]) * np.float32(0.5)).astype(np.float32)
+        return (v[:, None] > t[None, :]).sum(axis=1)
+    codes, vals = levels(fmt)
+    d = np.abs(v.astype(np.float64)[:, None] - vals[None, :])
+    best = d.min(axis=1, keepdims=True)
+    cand = d == best
+    even = np.array([is_even_tiebreak(fmt, int(c)) for c in codes])
+    pick = np.where(cand.sum(axis=1) > 1, np.argmax(cand & even[None, :], axis=1), np.argmax(cand, axis=1))
+    return codes[pick]
 
 
 def fp8_value(code: int, kind: str) -> float:

@@ -1,6 +1,7 @@
 """The block codec and QuanGrad's wire protocol written from docs/formats.md and docs/quangrad.md in
-numpy, for the property tests. It calls nothing in agoq_core's codecs or protocol: scales and quotients
-are numpy float32 arithmetic (IEEE, correctly rounded), codes come from brute-force nearest-level search
+numpy, for the property tests. It calls nothing in agoq_core's codecs or protocol: scales are numpy float32
+arithmetic (IEEE, correctly rounded), scaled values spec version 3's RN(x * RN(1/scale)) as an exact float64
+product rounded once (tests/formats/oracle.py), codes come from brute-force nearest-level search
 (tests/formats/oracle.py) or the spec's threshold and bit rules, packing is a literal bit stream.
 """
 from __future__ import annotations
@@ -75,7 +76,7 @@ def quantize(x32: np.ndarray, fmt: str, block: int) -> tuple[bytes, np.ndarray]:
         over = np.isinf(scale * np.float32(oracle.QMAX[fmt]))
     scale = np.where(over, (scale.view(np.uint32) - 1).view(np.float32), scale)
     safe = np.where(scale == 0, np.float32(1), scale)
-    v = np.where((scale == 0)[:, None], np.float32(0), (xp / safe[:, None]).astype(np.float32))  # step 6
+    v = np.where((scale == 0)[:, None], np.float32(0), oracle.scaled_values_v3(xp, safe[:, None]))  # step 6 (v3)
     codes = _encode(v.reshape(-1), fmt).reshape(nb, block)
     codes[nonfinite] = ZERO_CODE[fmt]                                                         # step 7
     scale = np.where(nonfinite, np.float32(np.nan), scale).astype(np.float32)

@@ -2,9 +2,10 @@
 docs/backends/ascend.md): the codes must be bit-exact with the reference
 
 * when every fp32 division the interpreter executes comes back one ulp off (the kernels must not divide);
-* when every multiply feeding an add is contracted into a single-rounding FMA (accumulate's
-  decode * scale + g, reduce_requantize's sum of dequantized chunks) -- and the same emulation does change
-  the result once the kernels' materialisation of the product is taken out (the check has teeth);
+* when every multiply feeding an add is contracted into a single-rounding FMA (spec version 3's scaled value
+  x * RN(1/scale) before the encoder's rounding add, accumulate's decode * scale + g, reduce_requantize's sum
+  of dequantized chunks) -- and the same emulation does change the result once the kernels' materialisation of
+  the product is taken out (the check has teeth; for the scaled values: test_exact_division);
 * for partial last blocks of odd sizes, with guard bytes around every output buffer left untouched.
 """
 from __future__ import annotations
@@ -73,6 +74,21 @@ def test_the_inexact_division_is_in_effect():
     with inexact_division() as seen:
         div[(1,)](a, b, o)
     assert seen["divisions"] == 1 and not torch.equal(o, a / b)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_quantize_unchanged_by_fma_contraction(interp_backend, fmt):
+    """v = x * RN(1/scale) meets the int encoder's (v + 1.5 * 2**23) and FP8/FP4's subnormal adds: with every
+    multiply-add contracted the codes stay the reference's, on the self-test's near-midpoint blocks."""
+    from agoq_ascend.selftest import self_test_vectors
+
+    spec = get_format(fmt)
+    x, _ = self_test_vectors(spec.block)
+    want_c, want_s = ref.quantize_blocks(x, spec)
+    with contracting_fma() as seen:
+        c, s = _quantize(interp_backend.launcher, x, spec)
+    assert seen["fused"] > 0
+    assert torch.equal(c, want_c) and _same(s, want_s), fmt
 
 
 def _accumulate_and_reduce(la, spec, seed):

@@ -1,8 +1,9 @@
-"""The GPU quotient of kernels._scaled_quotient (FAST_DIV) checked on CPU with an exact FMA.
+"""The GPU scaled values of kernels._scaled_values (FAST_DIV, spec version 3) replayed on CPU.
 
-The interpreter's tl.fma rounds twice, so the FAST_DIV path only runs on GPUs; here the same sequence of
-fp32 operations is replayed in numpy with a correctly rounded fma (float64 product, TwoSum, and the one
-double-rounding case fixed) and compared with IEEE division, bit for bit, where the contract needs it."""
+libdevice is not available in Triton's interpreter, so the FAST_DIV path only runs on GPUs; here the same
+sequence of fp32 operations (rcp.rn and mul.rn with flush-to-zero, as Triton's libdevice reflection compiles
+them) is replayed in numpy and compared, bit for bit where the contract needs it, with RN(x * r), r = 1/scale
+rounded to 24 bits, as an exact float64 product rounded once."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,28 +18,35 @@ def _ftz(v: np.ndarray) -> np.ndarray:
     return np.where(np.abs(v) < f32(2.0**-126), f32(0.0), v).astype(f32)
 
 
-def fast_quotient(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """kernels._scaled_quotient(FAST_DIV=True), operation by operation. Its x2 = x * k is libdevice's
-    mul_rn compiled with Triton's FTZ reflection (PTX mul.rn.ftz.f32: a subnormal input or result is +-0),
-    which is the contract's flush of subnormal x (§3 step 2) for free."""
+def fast_scaled_values(x: np.ndarray, scale: np.ndarray, qmax: float) -> np.ndarray:
+    """kernels._scaled_values, operation by operation: per row k, y = rcp.rn(scale * k) (b in [2, 4): an IEEE
+    reciprocal), r = y * k (exact, normal for qmax >= 4); per element v = mul.rn.ftz(x, r), or for qmax < 4
+    mul.rn.ftz(mul.rn.ftz(x, k), y). The FTZ multiply flushes a subnormal x to +-0 (the contract's step 2)."""
     k = ((255 - ((scale.view(i32) >> 23) & 0xFF)) << 23).astype(i32).view(f32)
     b = (scale * k).astype(f32)
-    y = (f32(1.0) / b).astype(f32)  # libdevice.rcp_rn(b) (rcp.rn.ftz.f32; b in [2, 4)): IEEE reciprocal
-    x2 = _ftz((_ftz(x) * k).astype(f32))
-    q = (x2 * y).astype(f32)
-    q = fma32(fma32(-b, q, x2), y, q)
-    return fma32(fma32(-b, q, x2), y, q)
+    y = (f32(1.0) / b).astype(f32)
+    with np.errstate(under="ignore"):
+        if qmax >= 4:
+            return _ftz((_ftz(x) * (y * k).astype(f32)).astype(f32))
+        return _ftz((_ftz((_ftz(x) * k).astype(f32)) * y).astype(f32))
 
 
-def _check(x, s) -> None:
+def v3_scaled_values(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    m, e = np.frexp(scale.astype(f32))
+    r = (f32(1.0) / m).astype(f64) * np.ldexp(1.0, -e)
+    with np.errstate(under="ignore"):
+        return (_ftz(x).astype(f64) * r).astype(f32)
+
+
+def _check(x, s, qmax) -> None:
     x, s = x.astype(f32), s.astype(f32)
-    with np.errstate(all="ignore"):
-        want = (_ftz(x) / s).astype(f32)  # the contract flushes subnormal x first
-        got = fast_quotient(x, s)
-    big = np.abs(want) >= 2.0**-100  # below, every code maps the quotient to zero (sign taken from x)
+    want = v3_scaled_values(x, s)
+    got = fast_scaled_values(x, s, qmax)
+    big = np.abs(want) >= 2.0**-125  # below, every code maps the value to zero (FP8 takes the sign from x)
     bad = big & (got.view(i32) != want.view(i32))
-    assert not bad.any(), f"{int(bad.sum())} quotients differ, e.g. {x[bad][0]!r} / {s[bad][0]!r}"
-    assert not ((~big) & (np.abs(got) >= 2.0**-17)).any(), "a tiny quotient came out large"
+    assert not bad.any(), f"{int(bad.sum())} scaled values differ, e.g. {x[bad][0]!r} * 1/{s[bad][0]!r}"
+    assert not ((~big) & (np.abs(got) >= 2.0**-17)).any(), "a tiny value came out large"
+    assert (np.signbit(got[got != 0]) == np.signbit(x[got != 0])).all()
 
 
 def _rn32_exact(v) -> np.float32:
@@ -73,38 +81,52 @@ def test_fma_emulation_rounds_once():
 
 
 @pytest.mark.parametrize("qmax", [7.0, 15.0, 31.0, 127.0, 6.0, 1.0, 448.0, 57344.0])
-def test_block_like_quotients(qmax):
+def test_block_like_scaled_values(qmax):
     rng = np.random.default_rng(int(qmax))
     n = 40_000
     for e in (-126, -125, -110, -60, -1, 0, 40, 120, 127):
         amax = np.minimum((rng.random(n) + 1.0) * 2.0**e, np.finfo(f32).max).astype(f32)
-        s = (amax / f32(qmax)).astype(f32)
+        with np.errstate(over="ignore"):
+            s = (amax / f32(qmax)).astype(f32)
+            s = np.where(np.isinf(s * f32(qmax)), (s.view(i32) - 1).view(f32), s)  # §3 step 5
         s = np.where(s < 2.0**-126, f32(2.0**-126), s).astype(f32)
         x = ((rng.random(n) * 2 - 1) * amax).astype(f32)
         x[::5] = amax[::5]
-        _check(x, s)
+        _check(x, s, qmax)
 
 
 def test_ties_and_hard_divisors():
     rng = np.random.default_rng(7)
     n = 100_000
     s = ((rng.random(n) + 1) * 2.0**-3).astype(f32)
-    x = ((rng.integers(-127, 127, n) + 0.5) * s).astype(f32)  # quotients at half-integers
+    r = (f32(1.0) / s).astype(f64)
+    x = ((rng.integers(-127, 127, n) + 0.5) / r).astype(f32)  # products next to half-integers
     for xx in (x, np.nextafter(x, f32(np.inf)), np.nextafter(x, f32(-np.inf))):
-        _check(xx, s)
+        _check(xx, s, 127.0)
     ones = np.full(n, np.nextafter(f32(2.0), f32(0)), f32) * (2.0 ** rng.integers(-120, 120, n)).astype(f32)
-    _check(((rng.random(n) * 2 - 1) * 127).astype(f32) * ones, ones)  # significand 1.11...1
-    _check(((rng.random(n) * 2 - 1) * 448).astype(f32), np.full(n, np.nextafter(f32(1), f32(2)), f32))
-    bits = rng.integers(0x00800000, 0x7F000000, (2, n), dtype=np.int64).astype(i32).view(f32)
+    _check(((rng.random(n) * 2 - 1) * 127).astype(f32) * ones, ones, 127.0)  # significand 1.11...1
+    _check(((rng.random(n) * 2 - 1) * 448).astype(f32), np.full(n, np.nextafter(f32(1), f32(2)), f32), 448.0)
+    bits = rng.integers(0x00800000, 0x7E000000, (2, n), dtype=np.int64).astype(i32).view(f32)
     keep = np.abs(bits[0].astype(f64) / bits[1].astype(f64)) < 6e4
-    _check(bits[0][keep], bits[1][keep])
+    for qmax in (7.0, 1.0):
+        _check(bits[0][keep], bits[1][keep], qmax)
 
 
-def test_one_correction_is_not_always_enough_without_the_second():
-    """Sanity of the checker: without corrections the quotient is wrong often; the test can fail."""
+def test_nf4_scales_above_2_126_keep_the_reciprocal_bits():
+    """qmax 1: a single multiply by the subnormal (and, with FTZ, flushed) reciprocal would be wrong there;
+    the kernel's power-of-two-scaled x is right."""
+    rng = np.random.default_rng(8)
+    n = 50_000
+    s = (rng.uniform(1.0, 2.0, n) * 2.0**127).astype(f32)
+    x = ((rng.random(n) * 2 - 1) * s).astype(f32)
+    _check(x, s, 1.0)
+    with pytest.raises(AssertionError, match="scaled values differ"):  # teeth: one multiply by the subnormal r
+        _check(x, s, 7.0)
+
+
+def test_v2_and_v3_differ():
+    """Sanity of the checker: RN(x * RN(1/s)) is not RN(x / s) often (the contract changed); the test can fail."""
     rng = np.random.default_rng(3)
     s = ((rng.random(50_000) + 1) * 0.1).astype(f32)
     x = ((rng.random(50_000) * 2 - 1) * 100).astype(f32)
-    y = (f32(1.0) / s).astype(f32)
-    naive = (x * y).astype(f32)
-    assert (naive.view(i32) != (x / s).astype(f32).view(i32)).mean() > 0.1
+    assert (v3_scaled_values(x, s).view(i32) != (x / s).astype(f32).view(i32)).mean() > 0.1
