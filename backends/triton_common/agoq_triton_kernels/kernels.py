@@ -106,7 +106,7 @@ def _group_mask(rows, row_ok, k, n, G: tl.constexpr, BLOCK: tl.constexpr, RAGGED
 # reciprocal per block and one multiply per element. Both paths form r from the scale's mantissa: the power of
 # two k puts b = scale * k in [2, 4) (exact), RN(1/b) lies in (1/4, 1/2], and r = RN(1/b) * k exactly whenever
 # r is a normal fp32. That is every block of a format with QMAX >= 4 (scale * QMAX is finite, so scale < 2**126
-# and r > 2**-126); for QMAX < 4 (nf4: QMAX = 1, r below 2**-126 when absmax >= 2**126) the element is scaled
+# and r > 2**-126); for QMAX < 4 (nf4: QMAX = 1, r below 2**-126 when absmax > 2**126) the element is scaled
 # instead, v = RN((x * k) * RN(1/b)): the same real product (x * k is exact unless it is below 2**-126, and then
 # so is v, which every code maps to the zero code), without a subnormal reciprocal for flush-to-zero hardware.
 @triton.jit
