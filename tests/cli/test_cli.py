@@ -55,7 +55,8 @@ def test_formats_table_and_json():
 def test_conformance_run_and_compare_catches_one_changed_case(tmp_path):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     out = agoq("conformance", "run", "--backend", "reference", "--report", str(a), "-q")
-    assert "pass=695" in out.stdout  # 693 golden/fused/MX cases + 2 capability cases (issue 20)
+    # 765 golden cases (spec version 3) + 216 decode cases of the kept v2 set + 2 capability cases (issue 20)
+    assert "pass=983" in out.stdout
     agoq("conformance", "run", "--backend", "reference", "--report", str(b), "-q", "--select", "*")
     assert agoq("conformance", "compare", str(a), str(b)).returncode == 0
     rep = json.loads(b.read_text())
