@@ -86,13 +86,12 @@ def _parse(argv):
     return ap.parse_args(argv)
 
 
-def _label_host_ranges() -> list:
-    """Wrap each HOST_RANGES callable in a profiler range (benchmark-side only); returns the undo list."""
+def _label_host_ranges() -> None:
+    """Wrap each HOST_RANGES callable in a profiler range, for this benchmark process only."""
     import importlib
 
     import torch
 
-    undo = []
     for label, owner, attr in HOST_RANGES:
         mod, _, cls = owner.partition(":")
         try:
@@ -101,16 +100,12 @@ def _label_host_ranges() -> list:
             f = getattr(obj, attr)
         except (ImportError, AttributeError):
             continue
-        if isinstance(f, staticmethod):
-            continue
 
         def wrap(*a, __f=f, __label=label, **k):
             with torch.profiler.record_function(__label):
                 return __f(*a, **k)
 
         setattr(obj, attr, wrap)
-        undo.append((obj, attr, f))
-    return undo
 
 
 def _busy_ms(intervals: list[tuple[float, float]]) -> float:
@@ -242,40 +237,14 @@ class _ArmRun:
             torch.cuda.empty_cache()
 
 
-def run_arms(names: list[str], cfg, rt, corpus, args, report: dict) -> None:
-    """Sequential (one arm at a time, as ``agoq train``) or interleaved: every arm built first, then the timed
-    steps in rounds (one step of each arm per round), so slow drifts of the host or the device hit every arm alike."""
+def _measure(names: list[str], cfg, rt, corpus, args, report: dict) -> None:
+    """Build and warm up ``names``, time ``args.steps`` rounds of one step per arm, then profile each; a failing
+    arm is reported and dropped, the others go on."""
     import torch
-
-    cuda = rt.device.type == "cuda"
 
     def fail(name, exc):
         report["arms"][name] = {"error": f"{type(exc).__name__}: {exc}"}
 
-    if not args.interleave:
-        for name in names:
-            print(f"--- {name}", flush=True)
-            run = None
-            try:
-                run = _ArmRun(name, cfg, rt, corpus)
-                for _ in range(args.warmup):
-                    run.one_step(False)
-                for _ in range(args.steps):
-                    run.one_step(True)
-                res = run.phases()
-                res["kernels"] = run.profile(args.profile_steps, args.top)
-                if cuda:
-                    res["peak_gib"] = torch.cuda.max_memory_allocated(rt.device) / 2**30
-                    torch.cuda.reset_peak_memory_stats(rt.device)
-                res["notes"] = list(run.arm.notes)
-                report["arms"][name] = res
-            except Exception as exc:  # one arm failing keeps the others
-                fail(name, exc)
-            finally:
-                if run is not None:
-                    run.close()
-            harness.write_json(report, args.json, "profile_train")
-        return
     runs = {}
     for name in names:
         print(f"--- build + warm up {name}", flush=True)
@@ -283,10 +252,11 @@ def run_arms(names: list[str], cfg, rt, corpus, args, report: dict) -> None:
             runs[name] = _ArmRun(name, cfg, rt, corpus)
             for _ in range(args.warmup):
                 runs[name].one_step(False)
-        except Exception as exc:
+        except Exception as exc:  # one arm failing keeps the others
             fail(name, exc)
-            runs.pop(name, None)
-    for r in range(args.steps):
+            if name in runs:
+                runs.pop(name).close()
+    for _ in range(args.steps):
         for name, run in list(runs.items()):
             try:
                 run.one_step(True)
@@ -294,7 +264,6 @@ def run_arms(names: list[str], cfg, rt, corpus, args, report: dict) -> None:
                 fail(name, exc)
                 runs.pop(name).close()
     for name, run in runs.items():
-        print(f"--- profile {name}", flush=True)
         try:
             res = run.phases()
             res["kernels"] = run.profile(args.profile_steps, args.top)
@@ -302,12 +271,22 @@ def run_arms(names: list[str], cfg, rt, corpus, args, report: dict) -> None:
             report["arms"][name] = res
         except Exception as exc:
             fail(name, exc)
-    if cuda:
-        report["peak_gib_all_arms"] = torch.cuda.max_memory_allocated(rt.device) / 2**30
+    if rt.device.type == "cuda":  # the peak of every arm measured together (one arm when sequential)
+        peak = torch.cuda.max_memory_allocated(rt.device) / 2**30
+        for name in runs:
+            report["arms"][name]["peak_gib"] = peak
+        torch.cuda.reset_peak_memory_stats(rt.device)
     for run in runs.values():
         run.close()
-    report["arms"] = {n: report["arms"][n] for n in names if n in report["arms"]}
-    harness.write_json(report, args.json, "profile_train")
+
+
+def run_arms(names: list[str], cfg, rt, corpus, args, report: dict) -> None:
+    """Sequential (one arm at a time, as ``agoq train``) or interleaved: every arm built first, then the timed
+    steps in rounds (one step of each arm per round), so slow drifts of the host or the device hit every arm alike."""
+    for batch in ([names] if args.interleave else [[n] for n in names]):
+        _measure(batch, cfg, rt, corpus, args, report)
+        report["arms"] = {n: report["arms"][n] for n in names if n in report["arms"]}
+        harness.write_json(report, args.json, "profile_train")
 
 
 def render(report: dict) -> str:

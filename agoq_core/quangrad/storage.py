@@ -32,7 +32,7 @@ class GradStorage:
         self._fold_args = [(v.numel, v.device, v.codes, v.scales) for v in self.views]
         self._folded: set[int] = set()          # parameters folded since the buffers were last zeroed
         self._checked: set[torch.dtype] = set()  # gradient dtypes the backend was asked about
-        self._checked_out: set[torch.dtype] = set()  # output dtypes of group_fp32 the backend was asked about
+        self._checked_group = False  # group_fp32's fp32 dequantize asked of the backend
 
     def _view(self, s: ParamSlot) -> QuantizedTensor:
         spec = self.layout.spec
@@ -99,9 +99,9 @@ class GradStorage:
         plans = self.plans
         buf = torch.empty(sum(plans[bi].numel for bi in bis), dtype=torch.float32, device=self.device)
         segs = buf.split([plans[bi].numel for bi in bis])
-        if torch.float32 not in self._checked_out:
+        if not self._checked_group:
             api.check_supported(self.backend, self.layout.spec, self.device, "dequantize")
-            self._checked_out.add(torch.float32)
+            self._checked_group = True
         spec = self.layout.spec
         for bi, seg in zip(bis, segs):
             if seg.numel():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton.language as tl  # noqa: F401  (the interpreter wants it in the globals of the @triton.jit helpers below)
 
 from agoq_core.formats import reference as ref
 from agoq_core.formats.spec import get_format
