@@ -48,7 +48,7 @@ def _signature(op: str, spec, lut: bool) -> dict:
     raise ValueError(f"unknown op {op!r}; known: quantize, dequantize, accumulate, reduce_requantize")
 
 
-def compile_codec(op: str, fmt: str, arch: int = 90) -> dict:
+def compile_codec(op: str, fmt: str, arch: int = 90, nf4_lut: bool = True) -> dict:
     """Compile ``op`` for ``fmt`` as agoq-cuda would launch it on an H200 and count its SASS."""
     import torch
     import triton
@@ -64,7 +64,7 @@ def compile_codec(op: str, fmt: str, arch: int = 90) -> dict:
     c = format_constexprs(kind=spec.kind, bits=spec.bits, block=spec.block, qmax=spec.qmax,
                           scale_kind=spec.scale_kind)
     la = CudaGeometry().plan(op, spec, 1 << 30, torch.bfloat16, torch.device("cuda"), rows=None, programs=132)
-    lut = spec.kind == "nf4"
+    lut = spec.kind == "nf4" and nf4_lut
     c.update(ROWS=la.rows, BLOCK_P=la.block_p, RAGGED=False, HW=True, NF4_LUT=lut)
     fn = {"quantize": K.quantize_kernel, "dequantize": K.dequantize_kernel, "accumulate": K.accumulate_kernel,
           "reduce_requantize": K.reduce_requantize_kernel}[op]
@@ -168,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write every record (without the SASS text) to this file")
     ap.add_argument("--sass-dir", help="write each kernel's SASS to DIR/op_format.sass")
     ap.add_argument("--ops-histogram", action="store_true", help="print the loop body's opcode counts")
+    ap.add_argument("--no-nf4-lut", action="store_true",
+                    help="compile nf4 with NF4_LUT=False (compare/select encode and decode, as agoq-ascend launches)")
     a = ap.parse_args(argv)
     from agoq_core.formats.spec import get_format
 
@@ -177,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         for op in a.ops:
             if op in ("accumulate", "reduce_requantize") and get_format(f).tensor_scaled:
                 continue  # not block-local: the launcher refuses them
-            r = compile_codec(op, f)
+            r = compile_codec(op, f, nf4_lut=not a.no_nf4_lut)
             sass = r.pop("_sass", None)
             if a.sass_dir and sass:
                 os.makedirs(a.sass_dir, exist_ok=True)

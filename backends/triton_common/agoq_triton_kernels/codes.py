@@ -229,17 +229,24 @@ def zero_code(KIND: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
-def _encode_fp4(v):
-    """FP4 E2M1 of |v| (clamped to 6) rounded half to even, like the fp8 encoders; sign bit 8 unless
-    the magnitude code is 0. Equal to the reference's threshold table (a test checks every tie)."""
-    m = tl.minimum(tl.abs(v), 6.0)
-    a = m.to(tl.int32, bitcast=True)
-    # |v| < 1: adding 2**22 leaves spacing 0.5, so the low bits are round(|v| / 0.5) in {0, 1, 2}
-    den = (m + 4194304.0).to(tl.int32, bitcast=True) - 0x4A800000
-    # 1 <= |v| <= 6: rebias 127 -> 1, keep one mantissa bit, round half to even via the kept lsb
-    nrm = (a - (126 << 23) + 0x1FFFFF + ((a >> 22) & 1)) >> 22
-    idx = tl.where(m < 1.0, den, nrm)  # fp32 compares (int32 vector compares are scalar code on Ascend)
-    return tl.where((v < 0.0) & (m > 0.25), idx | 8, idx)  # m > 0.25 iff idx > 0
+def _encode_fp4(v, CLAMP: tl.constexpr = True):
+    """FP4 E2M1 of |v| (clamped to 6 if CLAMP) rounded half to even, like the fp8 encoders; sign bit 8 unless
+    the magnitude code is 0. Equal to the reference's threshold table (a test checks every tie).
+
+    One fp32 add rounds |v| to E2M1's spacing in its binade: with 2**e the binade of max(|v|, 1) (e in 0..2),
+    M = 2**(e + 22) has ulp 2**(e - 1), the spacing of E2M1 values in [2**e, 2**(e + 1)) and, for e = 0, of
+    its subnormals below 1; so bits(|v| + M) - bits(M) = k = RNE(|v| / 2**(e - 1)) (k <= 4: the sum stays in
+    M's binade) and the code is k + 2e. A value that rounds up into the next binade lands on its first code
+    (k = 4 at e = 0 is code 4 = 2.0). Without CLAMP, |v| <= 6 (1 + 2**-21) rounds to 6 (the kernels' inputs).
+    Integer ops are and/shift/add on the bits, the compares fp32 (int32 vector compares are scalar code on
+    Ascend's vector unit)."""
+    m = tl.abs(v)
+    if CLAMP:
+        m = tl.minimum(m, 6.0)
+    e2 = tl.maximum(m, 1.0).to(tl.int32, bitcast=True) & _EXP_MASK  # bits of 2**e
+    big = (e2 + (22 << 23)).to(tl.float32, bitcast=True)  # M = 2**(e + 22)
+    idx = ((m + big).to(tl.int32, bitcast=True) - e2) + ((e2 >> 22) - (254 + (22 << 23)))  # k + 2e
+    return tl.where(v < -0.25, idx | 8, idx)  # |v| > 0.25 iff the magnitude code is not 0
 
 
 @triton.jit
@@ -256,17 +263,16 @@ def _encode_nf4(v):
 
 
 @triton.jit
-def bucket_encode(v, elut_ptr, PER_UNIT: tl.constexpr, OFFSET: tl.constexpr, NB: tl.constexpr,
-                  HW: tl.constexpr = False):
-    """code = base_k + (v > t_k), bucket k = RNE(v * PER_UNIT) + OFFSET clamped to [0, NB) (garbage v from
-    non-finite blocks stays in bounds); table entries int64 base << 32 | bits(t_k): layout.encode_lut.
+def bucket_encode(v, elut_ptr, PER_UNIT: tl.constexpr, OFFSET: tl.constexpr, HW: tl.constexpr = False):
+    """code = base_k + (v > t_k), bucket k = RNE(v * PER_UNIT) + OFFSET, read from the 64-entry table
+    (layout.encode_lut; entries int64 base << 32 | bits(t_k)). The magic constant carries OFFSET, so the bucket is
+    the low 6 bits of the sum's bits: one AND bounds it (garbage v from non-finite blocks stays in bounds).
     v * PER_UNIT (a power of two) is exact, so the fused and the unfused forms give the same bits."""
     if HW:
-        kf = tl.fma(v, PER_UNIT, _RNE_MAGIC)
+        kf = tl.fma(v, PER_UNIT, _RNE_MAGIC + OFFSET)
     else:
-        kf = v * PER_UNIT + _RNE_MAGIC
-    k = (kf.to(tl.int32, bitcast=True) - _RNE_MAGIC_BITS) + OFFSET
-    w = tl.load(elut_ptr + tl.minimum(tl.maximum(k, 0), NB - 1))
+        kf = v * PER_UNIT + (_RNE_MAGIC + OFFSET)
+    w = tl.load(elut_ptr + (kf.to(tl.int32, bitcast=True) & 63))  # _RNE_MAGIC_BITS & 63 == 0
     t = w.to(tl.int32).to(tl.float32, bitcast=True)
     return (w >> 32).to(tl.int32) + (v > t).to(tl.int32)
 
@@ -295,7 +301,7 @@ def encode(v, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr, HW: tl
         c = v + _RNE_MAGIC
         return c.to(tl.int32, bitcast=True) - (_RNE_MAGIC_BITS - (1 << (BITS - 1)))
     elif KIND == 1:
-        return _encode_fp4(v)
+        return _encode_fp4(v, CLAMP)
     elif KIND == 2:
         return _encode_nf4(v)
     elif KIND == 3:

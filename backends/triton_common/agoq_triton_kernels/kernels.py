@@ -130,14 +130,28 @@ def _scaled_values(xf, scale, QMAX: tl.constexpr):
 
 
 @triton.jit
+def _scaled_values_x4(xf, scale):
+    """NF4 with a bucket table on CUDA: RN(xf * m), m = 4 RN(1/scale), the table being in that domain
+    (layout.NF4_LUT_DOMAIN): 4 v exactly wherever v = RN(xf * RN(1/scale)) is normal, and below 2**-124 (the
+    zero code, like v) where v is not. Unlike RN(1/scale) (subnormal for absmax > 2**126), m is a normal fp32
+    for every nf4 block (scale in [2**-126, 2**128): m in (2**-126, 2**128]), so one multiply per element
+    instead of _scaled_values' two. m = 2**128 (scale exactly 2**-126) is not finite: the min makes it the
+    largest fp32, which changes no code (such a block holds only 0 and +-2**-126, whose codes are 7, 0 and 15
+    for either multiplier). Same rcp.rn.ftz / mul.rn.ftz as _scaled_values."""
+    k = ((255 - ((scale.to(tl.int32, bitcast=True) >> 23) & 0xFF)) << 23).to(tl.float32, bitcast=True)
+    m = tl.minimum((libdevice.rcp_rn(scale * k) * 4.0) * k, 3.4028234663852886e38)
+    return libdevice.mul_rn(xf, m[:, None])
+
+
+@triton.jit
 def _encode_tile(v, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr, HW: tl.constexpr,
                  LUT: tl.constexpr, NO_NEG0: tl.constexpr = True):
     """encode() without the clamp (see its CLAMP note); NF4 from the bucket table when LUT: one gather
     instead of a 15-threshold search (sm_90 SASS: 45 instead of 66 instructions per element). Ascend,
     where gathers are slow, passes LUT=False. FP4 stays on bit logic: its bucket table measured slower."""
     if LUT:
-        if KIND == 2:
-            return bucket_encode(v, elut_ptr, 16.0, 16, 33, HW)
+        if KIND == 2:  # v is in the table's domain: x * 4 RN(1/scale) (_scaled_values_x4, quantize_tile)
+            return bucket_encode(v, elut_ptr, 4.0, 16, HW)
         else:
             return encode(v, KIND, BITS, QMAX, HW, False, NO_NEG0)
     else:
@@ -196,7 +210,7 @@ def _exact_scaled_values(xf, scale, QMAX: tl.constexpr):
 @triton.jit
 def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr, HW: tl.constexpr,
                   LUT: tl.constexpr, FAST_DIV: tl.constexpr, SCALE: tl.constexpr = 0, ts_ptr=None,
-                  RAW: tl.constexpr = False):
+                  RAW: tl.constexpr = False, VALUES: tl.constexpr = False):
     """x: fp32 [ROWS, BLOCK_P] (masked lanes hold 0) -> (codes int32 [ROWS, BLOCK_P], scales fp32 [ROWS]).
 
     The one block quantizer of the Triton backends: the codec kernels (FAST_DIV = HW) and agoq-cuda's
@@ -221,6 +235,8 @@ def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.
     SCALE != 0: the microscaling formats' scales (agoq_triton_kernels.mx; ts_ptr: NVFP4's tensor scale).
     RAW: the codes of a zero-scale or non-finite block are left as computed, and FP8's -0 code too: the caller
     fixes both on packed words, a row being all-zero codes iff not (scale > 0) (kernels._store_codes16).
+    VALUES (with RAW): return the scaled values v instead of their codes, for a caller that encodes them in
+    another layout (_encode16: a table gather in the 16-lane tile's own layout needs no shared-memory shuffle).
     """
     if SCALE != 0:
         return mx_quantize_tile(x, ts_ptr, KIND, BITS, QMAX, HW, SCALE, RAW)
@@ -231,7 +247,10 @@ def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.
         bad = rowmax >= _EXP_MASK
         amax = tl.where(rowmax < _MIN_NORMAL_BITS, 0, rowmax).to(tl.float32, bitcast=True)
         scale = finite_scale(libdevice.div_rn(amax, QMAX), QMAX)
-        v = _scaled_values(x, scale, QMAX)
+        if LUT and KIND == 2:
+            v = _scaled_values_x4(x, scale)
+        else:
+            v = _scaled_values(x, scale, QMAX)
     else:
         ax = tl.abs(x)
         xf = tl.where(ax < _MIN_NORMAL_F32, 0.0, x)
@@ -241,7 +260,12 @@ def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.
         amax = tl.where(bad | (amax < _MIN_NORMAL_F32), 0.0, amax)
         scale = finite_scale(_exact_scale(amax, QMAX), QMAX)  # qmax x scale stays finite (§3 step 5)
         v = _exact_scaled_values(xf, tl.where(scale == 0.0, 1.0, scale), QMAX)
-    codes = _encode_tile(v, elut_ptr, KIND, BITS, QMAX, HW, LUT, not RAW)
+        if LUT and KIND == 2:
+            v = v * 4.0  # the bucket table's domain (exact, or below 2**-124 where v is: the zero code either way)
+    if VALUES:
+        codes = v
+    else:
+        codes = _encode_tile(v, elut_ptr, KIND, BITS, QMAX, HW, LUT, not RAW)
     if not RAW:
         codes = tl.where((bad | (scale == 0.0))[:, None], zero_code(KIND, BITS), codes)
     scale = tl.where(bad, _QNAN, scale.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
@@ -596,13 +620,31 @@ def _dequantize16(codes_ptr, scales_ptr, lut_ptr, rows, ok, off, ROWS: tl.conste
 
 
 @triton.jit
+def _quantize16(xa, xb, elut_ptr, ROWS: tl.constexpr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr,
+                BLOCK: tl.constexpr, LUT: tl.constexpr, HW: tl.constexpr, SCALE: tl.constexpr, ts_ptr):
+    """The RAW quantize_tile of the 16-lane tile's two halves -> (codes of each half, scales). With a bucket
+    table (LUT: NF4 on CUDA) the scaled values go back to the halves' layout before they are encoded, so the
+    per-element table gathers run in the layout the loads used (sm_90: no shared-memory round trip)."""
+    x = _rows_of16(xa, xb, ROWS, BLOCK)
+    if LUT and SCALE == 0:
+        v, scale = quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, LUT, HW, SCALE, ts_ptr, True, True)
+        va, vb = _halves_of16(v, ROWS, BLOCK)
+        ca = _encode_tile(va, elut_ptr, KIND, BITS, QMAX, HW, LUT, False)
+        cb = _encode_tile(vb, elut_ptr, KIND, BITS, QMAX, HW, LUT, False)
+        return ca, cb, scale
+    else:
+        codes, scale = quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, LUT, HW, SCALE, ts_ptr, True)
+        ca, cb = _halves_of16(codes, ROWS, BLOCK)
+        return ca, cb, scale
+
+
+@triton.jit
 def _requantize16(acca, accb, codes_ptr, scales_ptr, elut_ptr, rows, ok, ROWS: tl.constexpr, KIND: tl.constexpr,
                   BITS: tl.constexpr, QMAX: tl.constexpr, BLOCK: tl.constexpr, NF4_LUT: tl.constexpr,
                   HW: tl.constexpr, SCALE: tl.constexpr):
     """Quantize the 16-lane tile's two halves and store codes and scales (QuanGrad's kernels)."""
-    codes, scale = quantize_tile(_rows_of16(acca, accb, ROWS, BLOCK), elut_ptr, KIND, BITS, QMAX, HW,
-                                 NF4_LUT and elut_ptr is not None, HW, SCALE, None, True)
-    ca, cb = _halves_of16(codes, ROWS, BLOCK)
+    ca, cb, scale = _quantize16(acca, accb, elut_ptr, ROWS, KIND, BITS, QMAX, BLOCK, NF4_LUT and elut_ptr is not None,
+                                HW, SCALE, None)
     _store_codes16(codes_ptr, ca, cb, rows, ok, ~(scale > 0.0), ROWS, KIND, BITS, BLOCK)
     tl.store(scales_ptr + rows, scale, mask=ok)
 
@@ -629,9 +671,8 @@ def quantize_kernel(x_ptr, codes_ptr, scales_ptr, n, n_blocks, n_tiles,
             rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
             xa = _load_f32(x_ptr, off, m, X_FLOAT)
             xb = _load_f32(x_ptr, off + 8, m, X_FLOAT)
-            codes, scale = quantize_tile(_rows_of16(xa, xb, ROWS, BLOCK), elut_ptr, KIND, BITS, QMAX, HW,
-                                         NF4_LUT and elut_ptr is not None, HW, SCALE, ts_ptr, True)
-            ca, cb = _halves_of16(codes, ROWS, BLOCK)
+            ca, cb, scale = _quantize16(xa, xb, elut_ptr, ROWS, KIND, BITS, QMAX, BLOCK,
+                                        NF4_LUT and elut_ptr is not None, HW, SCALE, ts_ptr)
             _store_codes16(codes_ptr, ca, cb, rows, ok, ~(scale > 0.0), ROWS, KIND, BITS, BLOCK)
         else:
             rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)

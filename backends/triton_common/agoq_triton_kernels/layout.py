@@ -9,7 +9,7 @@ from __future__ import annotations
 import struct
 
 __all__ = [
-    "ENCODE_LUT_SIZE", "encode_lut",
+    "ENCODE_LUT_SIZE", "NF4_LUT_DOMAIN", "encode_lut",
     "KIND_INT", "KIND_FP4_E2M1", "KIND_NF4", "KIND_FP8_E4M3", "KIND_FP8_E5M2", "KIND_IDS",
     "FLOAT_F32", "FLOAT_BF16", "FLOAT_F16", "FLOAT_KINDS",
     "MAX_BLOCK", "MAX_CHUNK_ELEMENTS",
@@ -83,10 +83,16 @@ def format_constexprs(*, kind: str, bits: int, block: int, qmax: float, scale_ki
 # with base_k = number of thresholds below the bucket (t_k = +inf when the bucket holds none). A ">="
 # threshold becomes ">" on its predecessor float. The builder checks that no threshold lies within 2**-16
 # of a bucket edge, so an off-by-one bucket from rounding v * PER_UNIT cannot change a code. Entries are
-# int64: base << 32 | fp32 bits of t_k. The kernels use it for NF4 (sm_90: 45 instead of 66 instructions
-# per element); the FP4 table is kept for launchers that want it (its bit-logic encoder is cheaper on sm_90).
-ENCODE_LUT_SIZE = 33
-_NF4_PER_UNIT, _NF4_OFFSET = 16.0, 16    # v in [-1, 1] (x (1 + 2**-22)) -> k in [0, 32]
+# int64: base << 32 | fp32 bits of t_k. The table has 64 entries (the used ones, then padding), so the kernels
+# bound the index with one AND (garbage values of non-finite blocks stay in bounds; their codes are replaced).
+# The NF4 table is in the domain of v * NF4_LUT_DOMAIN (thresholds and buckets scaled by 4, exactly): agoq-cuda
+# multiplies x by 4 * RN(1/scale), which, unlike RN(1/scale), is a normal fp32 for every nf4 block
+# (kernels._scaled_values_x4), so one multiply per element instead of two. FP4's table is kept for launchers that
+# want it (its bit-logic encoder is cheaper on sm_90).
+ENCODE_LUT_SIZE = 64
+_LUT_USED = 33  # buckets finite values reach; the rest is padding (0) that only non-finite blocks' garbage reads
+NF4_LUT_DOMAIN = 4.0
+_NF4_PER_UNIT, _NF4_OFFSET = 4.0, 16     # v * 4 in [-4, 4] (x (1 + 2**-22)) -> k in [0, 32]
 _FP4_PER_UNIT, _FP4_OFFSET = 4.0, 0      # |v| in [0, 6] -> k in [0, 24]
 
 
@@ -105,7 +111,7 @@ def _pred_f32(x: float) -> float:
 
 def _bucket_table(thresholds: list[float], per_unit: float, offset: int) -> list[int]:
     out = []
-    for k in range(ENCODE_LUT_SIZE):
+    for k in range(_LUT_USED):
         lo, hi = (k - offset - 0.5) / per_unit, (k - offset + 0.5) / per_unit
         inside = [t for t in thresholds if lo <= t < hi]
         if len(inside) > 1:
@@ -117,14 +123,14 @@ def _bucket_table(thresholds: list[float], per_unit: float, offset: int) -> list
         edge = round(t * per_unit - 0.5) + 0.5
         if abs(t * per_unit - edge) < 2.0**-16 * per_unit:
             raise AssertionError(f"threshold {t} lies on a bucket edge")
-    return out
+    return out + [0] * (ENCODE_LUT_SIZE - _LUT_USED)
 
 
 def encode_lut(kind: str) -> list[int]:
     """The int64 bucket table the encoder of ``kind`` reads (``"nf4"`` or ``"fp4_e2m1"``; zeros otherwise)."""
     if kind == "nf4":
         from agoq_triton_kernels.tables import NF4_THRESHOLDS
-        return _bucket_table([_f32(t) for t in NF4_THRESHOLDS], _NF4_PER_UNIT, _NF4_OFFSET)
+        return _bucket_table([_f32(t) * NF4_LUT_DOMAIN for t in NF4_THRESHOLDS], _NF4_PER_UNIT, _NF4_OFFSET)
     if kind == "fp4_e2m1":
         # E2M1 decision thresholds on |v| with ties to the even mantissa: '>' at 0.25, 1.25, 2.5, 5 and
         # '>=' at 0.75, 1.75, 3.5 (the reference's table), all as strict '>' thresholds

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from agoq_triton_kernels.codes import (
     _ABS_MASK, _EXP_MASK, _MIN_NORMAL_BITS, _QNAN, e4m3_bits_to_f32, encode, f32_to_e4m3_bits,
@@ -38,7 +39,6 @@ def mx_quantize_tile(x, ts_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl
     rowmax = tl.max(a, axis=1)
     bad = rowmax >= _EXP_MASK
     amax_bits = tl.where(rowmax < _MIN_NORMAL_BITS, 0, rowmax)
-    xf = tl.where(a < _MIN_NORMAL_BITS, 0.0, x)
     if SCALE == 1:
         if KIND == 1:  # E2M1: emax 2 (6 = 1.5 * 2**2)
             e = tl.maximum((amax_bits >> 23) - 129, -126)
@@ -57,9 +57,12 @@ def mx_quantize_tile(x, ts_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl
         sb = e4m3_bits_to_f32(f32_to_e4m3_bits(t))
         inv = tl.where(flush, 0.0, tl.math.div_rn(tl.where(flush, 1.0, r), sb))
         scale = tl.where(flush, 0.0, s * sb)
-    v = xf * inv[:, None]
-    v = tl.minimum(tl.maximum(v, -QMAX), QMAX)
-    codes = encode(v, KIND, BITS, QMAX, HW, False, not RAW)  # (encode clears FP8's -0 code unless RAW)
+    if HW:  # mul.rn.ftz flushes a subnormal x to +-0 (step 2 of the contract) in the multiply itself
+        v = libdevice.mul_rn(x, inv[:, None])
+    else:
+        v = tl.where(a < _MIN_NORMAL_BITS, 0.0, x) * inv[:, None]
+    # saturate to +-QMAX and encode (FP4: one min on |v|), ties to even; encode clears FP8's -0 code unless RAW
+    codes = encode(v, KIND, BITS, QMAX, HW, True, not RAW)
     if not RAW:  # RAW: the caller clears -0 and zeroes non-finite blocks on packed words (kernels._store_codes16)
         codes = tl.where(bad[:, None], 0, codes)
     scale = tl.where(bad, _QNAN, scale.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)

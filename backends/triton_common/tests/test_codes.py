@@ -57,9 +57,9 @@ def _encode_decode(v_ptr, c_ptr, lut_ptr, elut_ptr, d_ptr, n, KIND: tl.constexpr
     elif ENC == 1:  # the kernels' unclamped encode (inputs stay within qmax (1 + 2**-22))
         code = C.encode(v, KIND, BITS, QMAX, HW, False)
     elif ENC == 2:  # NF4 bucket table
-        code = C.bucket_encode(v, elut_ptr, 16.0, 16, 33)
+        code = C.bucket_encode(v * 4.0, elut_ptr, 4.0, 16)  # the table's domain: layout.NF4_LUT_DOMAIN
     else:  # FP4 bucket table on |v|
-        mag = C.bucket_encode(tl.abs(v), elut_ptr, 4.0, 0, 33)
+        mag = C.bucket_encode(tl.abs(v), elut_ptr, 4.0, 0)
         code = tl.where((v < 0.0) & (mag > 0), mag | 8, mag)
     tl.store(c_ptr + offs, code, mask=m)
     c = tl.load(c_ptr + offs, mask=m, other=0)

@@ -130,3 +130,52 @@ def test_v2_and_v3_differ():
     s = ((rng.random(50_000) + 1) * 0.1).astype(f32)
     x = ((rng.random(50_000) * 2 - 1) * 100).astype(f32)
     assert (v3_scaled_values(x, s).view(i32) != (x / s).astype(f32).view(i32)).mean() > 0.1
+
+
+def fast_scaled_values_x4(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """kernels._scaled_values_x4 (NF4 with the bucket table on CUDA), operation by operation: per row
+    m = min((rcp.rn(scale * k) * 4) * k, largest fp32), per element mul.rn.ftz(x, m)."""
+    k = ((255 - ((scale.view(i32) >> 23) & 0xFF)) << 23).astype(i32).view(f32)
+    y = (f32(1.0) / (scale * k).astype(f32)).astype(f32)
+    with np.errstate(over="ignore", under="ignore"):
+        m = np.minimum(((y * f32(4.0)).astype(f32) * k).astype(f32), np.finfo(f32).max).astype(f32)
+        return _ftz((_ftz(x) * m).astype(f32))
+
+
+def _table_codes(v4: np.ndarray) -> np.ndarray:
+    """codes.bucket_encode(v4, encode_lut("nf4"), 4.0, 16) in numpy: bucket RNE(v4 * 4) + 16 (& 63)."""
+    from agoq_triton_kernels.layout import encode_lut
+
+    table = np.array(encode_lut("nf4"), dtype=np.int64)
+    with np.errstate(invalid="ignore"):
+        kf = (v4 * f32(4.0)).astype(f32) + f32(12582912.0 + 16)  # exact product, then one rounding add
+    w = table[kf.astype(f32).view(i32) & 63]
+    t = (w & 0xFFFFFFFF).astype(np.uint32).view(f32)
+    return (w >> 32) + (v4 > t)
+
+
+@pytest.mark.parametrize("e", [-126, -125, -124, -60, 0, 60, 125, 126, 127])
+def test_nf4_x4_multiplier_codes_equal_the_contracts(e):
+    """The CUDA NF4 path multiplies by m = 4 RN(1/scale) and reads the bucket table in that domain: its codes
+    equal those of v = RN(x * RN(1/scale)) for every scale of an nf4 block (qmax 1: scale = absmax), including
+    absmax > 2**126 (RN(1/scale) subnormal), absmax just above 2**-126 (m near 2**128) and absmax = 2**-126
+    exactly (m = 2**128 overflows and is clamped)."""
+    import torch
+
+    from agoq_core.formats import reference as ref
+    from agoq_core.formats.spec import get_format
+
+    rng = np.random.default_rng(e + 200)
+    n = 60_000
+    s = np.minimum((rng.uniform(1.0, 2.0, n) * 2.0**e), np.finfo(f32).max).astype(f32)
+    if e == -126:
+        s[: n // 2] = f32(2.0**-126)
+    x = ((rng.random(n) * 2 - 1) * s).astype(f32)
+    x[::7] = s[::7]
+    x[1::7] = -s[1::7]
+    if e == -126:  # a block with absmax 2**-126 holds only 0, +-2**-126 and flushed subnormals
+        x[: n // 2] = rng.choice(np.array([0.0, 2.0**-126, -2.0**-126, 2.0**-130], dtype=f32), n // 2)
+    want = ref.encode(torch.from_numpy(v3_scaled_values(x, s)), get_format("nf4")).numpy()
+    got = _table_codes(fast_scaled_values_x4(x, s))
+    bad = got != want
+    assert not bad.any(), f"{int(bad.sum())} codes differ, e.g. x={x[bad][0]!r} scale={s[bad][0]!r}"
