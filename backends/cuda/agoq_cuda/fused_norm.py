@@ -76,7 +76,7 @@ def _rmsnorm_quant_kernel(x_ptr, w_ptr, y_ptr, codes_ptr, scales_ptr, M, eps, ts
                           BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, QMAX: tl.constexpr, HW: tl.constexpr,
                           FLOAT: tl.constexpr, SCALE: tl.constexpr = 0, ORDER: tl.constexpr = 0,
                           RSQRT: tl.constexpr = 0, LANES: tl.constexpr = 32, LOG_LANES: tl.constexpr = 5,
-                          WRITE_R: tl.constexpr = 0):
+                          WRITE_R: tl.constexpr = 0, elut_ptr=None, NF4_LUT: tl.constexpr = False):
     j = tl.arange(0, NBR)
     lanes = tl.arange(0, BLOCK_P)
     col = j[:, None] * BLOCK + lanes[None, :]
@@ -87,7 +87,7 @@ def _rmsnorm_quant_kernel(x_ptr, w_ptr, y_ptr, codes_ptr, scales_ptr, M, eps, ts
         ok = j < NBR
         elem = rows[:, None] * BLOCK + lanes[None, :]
         x = _load_f32(x_ptr, elem, col < H, FLOAT)
-        codes, scale = quantize_tile(x, None, KIND, BITS, QMAX, HW, False, HW, SCALE, ts_ptr)
+        codes, scale = quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT, HW, SCALE, ts_ptr)
         store_codes(codes_ptr, codes, rows, ok, elem, col < H, M * H, NBR, BITS, BLOCK, BLOCK_P, False)
         tl.store(scales_ptr + rows, scale)
         ss = _row_sum_squares(x_ptr, x, t * H, H, FLOAT, ORDER, LANES, LOG_LANES)
@@ -181,8 +181,9 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
     nprog = programs or (2 if x.device.type == "cpu" else min(m, 132 * 8))
     warps = 4 if h <= 2048 else 8 if h <= 8192 else 16
     extra = {"num_warps": warps} if x.device.type != "cpu" else {}
+    elut = LAUNCHER._elut(spec, x.device)  # NF4: the bucket table (one gather per element), as the codec kernels
     _rmsnorm_quant_kernel[(max(1, nprog),)](
         xv, wv, yv, codes.view(torch.int8), scales, m, float(eps), LAUNCHER.tensor_scale(spec, x), rinv, H=h, NBR=h // spec.block, KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"],
         BLOCK_P=c["BLOCK_P"], QMAX=c["QMAX"], HW=hw_, FLOAT=fk, SCALE=c.get("SCALE", 0), ORDER=order,
         RSQRT=rsq, LANES=lanes, LOG_LANES=lanes.bit_length() - 1, WRITE_R=int(rinv is not None),
-        enable_fp_fusion=False, **extra)
+        elut_ptr=elut, NF4_LUT=elut is not None, enable_fp_fusion=False, **extra)

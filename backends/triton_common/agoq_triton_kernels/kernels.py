@@ -430,8 +430,17 @@ def dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, row_ok, elem, emask, n
                     NF4_LUT: tl.constexpr, RAGGED: tl.constexpr, HW: tl.constexpr, CONTIG: tl.constexpr = False):
     """fp32 decode(code) * scale for a tile (one rounding: a plain fp32 multiply). Invalid rows
     (``row_ok`` False) read scale 0, so they are exact zeros."""
-    c = load_codes(codes_ptr, rows, row_ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED, CONTIG)
     s = tl.load(scales_ptr + rows, mask=row_ok, other=0.0)
+    if KIND == 2 and NF4_LUT:
+        # NF4 from the table: gather both nibbles' levels in the layout of the byte load, then interleave the
+        # fp32 values (as load_codes interleaves codes): a gather after the interleave needs a shared-memory
+        # layout change on sm_90 (STS/LDS and barriers per tile)
+        k = tl.arange(0, BLOCK_P // 2)[None, :]
+        byte = _load_byte(codes_ptr + rows[:, None] * (BLOCK // 2) + k, _group_mask(rows, row_ok, k, n, 2, BLOCK, RAGGED))
+        lo = tl.load(lut_ptr + (byte & 0xF))
+        hi = tl.load(lut_ptr + (byte >> 4))
+        return tl.reshape(tl.join(lo, hi), (ROWS, BLOCK_P)) * s[:, None]
+    c = load_codes(codes_ptr, rows, row_ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED, CONTIG)
     return decode(c, lut_ptr, KIND, BITS, NF4_LUT, HW) * s[:, None]
 
 
