@@ -378,7 +378,8 @@ def _setup(model, config, seq, cell, device, state):
 
         from agoq_core.planner.budget import plan_options
 
-        measured = plan_options((cell.get("measured") or {}).get(str(seq)) or {})  # float8 variants left out
+        at, scaled = _costs_at(cell, model, seq)
+        measured = plan_options(at)  # float8 variants left out
         if state.get("analytic"):  # two measured-cost plans ran out of memory: the analytic eager options
             measured = {}
         analytic = "bf16,laaq:nf4,laaq:int8,sac,ckpt,qckpt:nf4,qckpt:int8"
@@ -386,6 +387,8 @@ def _setup(model, config, seq, cell, device, state):
         headroom = state.setdefault("headroom", POLICY_HEADROOM[0])
         plan = _plan(cell, model, seq, options, "chunked", device, measured=measured or None, headroom=headroom)
         desc["headroom"] = headroom
+        if scaled and measured:
+            desc["costs_scaled"] = scaled
         desc.update(_plan_desc(plan), costs="measured (bench_layer_profile) + analytic for the rest" if measured else (
             "analytic (fallback after 2 measured-cost plans ran out of memory)" if state.get("analytic") else "analytic"))
         apply_policy(model, plan, compile_backend=be)
@@ -393,7 +396,10 @@ def _setup(model, config, seq, cell, device, state):
     elif base in ("policy-m-fp8", "policy-m-fp8-qg"):  # float8 Linears, LAAQ with float8 GEMMs, fp8-* costs
         from agoq_core.laaq.policy import apply_policy, float8_plan_options
 
-        measured = float8_plan_options((cell.get("measured") or {}).get(str(seq)) or {})
+        at, scaled = _costs_at(cell, model, seq)
+        measured = float8_plan_options(at)
+        if scaled and measured:
+            desc["costs_scaled"] = scaled
         if not measured:
             raise ValueError(f"policy-m-fp8 plans from measured float8 per-layer costs (bench_layer_profile methods "
                              f"fp8-..., e.g. fp8-laaq-c:nf4, fp8-sac-c) at {seq} tokens; --layer-costs has none")
@@ -803,6 +809,15 @@ def _layer_profile(args, env) -> dict | None:
             print(lp.explain_text(rep["explain"], rep["ceilings"]))
         return rep
     return {"failed": f"exit {rc}: {err.strip().splitlines()[-1][:300] if err and err.strip() else ''}"}
+
+
+def _costs_at(cell, model, seq):
+    """The measured per-layer costs at ``seq`` (scaled from the nearest profiled length if the profile lacks it:
+    agoq_core.planner.budget.costs_at_length) and the note saying so (None if measured there)."""
+    from agoq_core.planner.budget import costs_at_length
+    from agoq_core.planner.model import model_shape
+
+    return costs_at_length(cell.get("measured") or {}, seq, model_shape(model))
 
 
 def _read_layer_costs(paths, hidden, reports=None) -> dict:

@@ -3,7 +3,7 @@
 #   bash benchmarks/gpu_session.sh STAGE[:SECONDS] ...
 # Stages: conformance, laaq, quangrad, laaq-fusion, fusion, codecs, torchtitan, equal-memory, equal-memory-m,
 # layer-profile-64k, layer-profile-qc32k, policy-80, longest, laaq-16k, layer-profile-fp8, float8-m, float8-80, float8-ce, liger, layer-profile-fp8-64k, float8-80-64k, float8-64k, cells, integrations, grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host,
-# dequant-tiles, train-split-c, train-profile, train-profile-c. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
+# dequant-tiles, norm-fusion, train-split-c, train-profile, train-profile-c. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
 set -u
 source "$(dirname "$0")/gpu_env.sh"
 OUT=${OUT:-/tmp/agoq-out}; mkdir -p "$OUT"
@@ -29,6 +29,9 @@ for spec in "$@"; do
     host)        cmd=(python3 benchmarks/bench_host.py) ;;
     # issue 17: dequantize with the 16-lane tile off and on for every format, 1 GiB (picks agoq_cuda.launch.VEC16_DEFAULTS)
     dequant-tiles) cmd=(python3 benchmarks/bench_codecs.py --sizes-mib 1024 --no-sweep --bucket-log2 0 --compile-formats --norm-tokens 0 --dequant-tiles both --deadline-s $((secs - 30)) --json "$OUT/bench_codecs_tiles.json") ;;
+    # the fused RMSNorm + quantize against the compiled norm + codec pair, 16K x 4096, the 4-bit formats (~60 s)
+    norm-fusion) cmd=(python3 benchmarks/bench_codecs.py --formats int4 nf4 fp4_e2m1 mxfp4 --sizes-mib 1024 --no-sweep \
+                      --bucket-log2 0 --compile-formats --deadline-s $((secs - 20)) --json "$OUT/bench_codecs_norm.json") ;;
     codecs)      cmd=(python3 benchmarks/bench_codecs.py --sizes-mib 1024 --no-sweep --deadline-s $((secs - 30))) ;;
     torchtitan)  cmd=(python3 benchmarks/bench_torchtitan.py --budget-s $((secs - 30))) ;;  # needs .whl (docs/integrations.md)
     equal-memory) cmd=(python3 benchmarks/bench_equal_memory.py --quick --budget-s $((secs - 70))) ;;  # torchao wheel in .whl; 290 s: layer profile + 3 cells

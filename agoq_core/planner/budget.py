@@ -76,7 +76,8 @@ from agoq_core.planner.model import TransformerShape, model_shape
 
 __all__ = ["plan_budget", "BudgetPlan", "LayerOption", "layer_options", "solve_budget", "HeadCost", "head_cost",
            "DEFAULT_OPTIONS", "parse_option", "BUDGET_STATIC", "LAAQ_TRANSIENT_FIT", "plan_for_choices",
-           "sequence_peak", "option_name", "load_layer_costs", "input_leaf_correction", "plan_options"]
+           "sequence_peak", "option_name", "load_layer_costs", "input_leaf_correction", "plan_options",
+           "costs_at_length"]
 
 Loss = Literal["chunked", "hf"]
 
@@ -164,6 +165,37 @@ def plan_options(costs: Mapping[str, Any], *, prefix: str = "") -> dict[str, Any
             continue
         out[name[len(prefix):]] = c
     return out
+
+
+def costs_at_length(costs: Mapping[str, Mapping], seq_len: int, shape: TransformerShape, *, batch: int = 1,
+                    device="H200") -> tuple[dict, str | None]:
+    """The measured per-layer costs (``load_layer_costs``' ``{seq: {option: costs}}``) at ``seq_len``: as measured
+    if the profile has that length, else those of the nearest measured length L scaled to ``seq_len`` (returned
+    note says so): bytes by seq_len / L (a layer's saved and transient bytes are per token, flash attention
+    included), times by the analytic bf16 layer's time at seq_len over its time at L (agoq_core.scale.compute:
+    GEMMs linear, attention quadratic in the length). Scaled costs rank the options as the measured ones do; their
+    predicted peak is an extrapolation (check it against a run). ({}, None) when there are no costs at all."""
+    from agoq_core.scale import compute as C
+
+    if not costs:
+        return {}, None
+    if str(seq_len) in costs:
+        return dict(costs[str(seq_len)]), None
+    import math
+
+    near = min((int(k) for k in costs), key=lambda L: (abs(math.log(L / seq_len)), L))
+    dev = _dev(device)
+
+    def t(n: int) -> float:
+        lc = C.layer_cost(shape, n * batch, n, dev, elementwise="hf")
+        return lc.forward + lc.backward + dev.layer_overhead_s
+
+    fb, ft = seq_len / near, t(seq_len) / t(near)
+    out = {}
+    for name, c in costs[str(near)].items():
+        out[name] = {**c, "saved_bytes": int(round(c["saved_bytes"] * fb)),
+                     "transient_bytes": int(round(c["transient_bytes"] * fb)), "time_s": c["time_s"] * ft}
+    return out, f"per-layer costs measured at {near} tokens, scaled to {seq_len} (bytes x {fb:.3g}, time x {ft:.3g})"
 
 
 def option_name(kind: str, fmt: str | None) -> str:

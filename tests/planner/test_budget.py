@@ -249,3 +249,22 @@ def test_plan_cli_float8_costs_and_fp8_gradients(tmp_path, capsys):
     assert "give --layer-costs" in capsys.readouterr().err
     assert main(["plan", "--float8"]) != 0
     assert "--float8 belong" in capsys.readouterr().err
+
+
+def test_costs_at_length_scales_from_the_nearest_profiled_length():
+    from agoq_core.planner.budget import costs_at_length
+    from agoq_core.planner.model import model_shape
+
+    shape = model_shape("llama2-7b")
+    c = {"16384": {"bf16-c": {"saved_bytes": 1000, "transient_bytes": 400, "time_s": 0.04}},
+         "65536": {"bf16-c": {"saved_bytes": 4000, "transient_bytes": 1600, "time_s": 0.3}}}
+    same, note = costs_at_length(c, 16384, shape)
+    assert note is None and same == c["16384"]
+    at8, note = costs_at_length(c, 8192, shape)  # nearest: 16K
+    assert "measured at 16384 tokens, scaled to 8192" in note
+    assert at8["bf16-c"]["saved_bytes"] == 500 and at8["bf16-c"]["transient_bytes"] == 200
+    # GEMMs are linear in the length, attention quadratic: at half the length the time is between 1/4 and 1/2
+    assert 0.04 / 4 < at8["bf16-c"]["time_s"] < 0.04 / 2
+    at48, _ = costs_at_length(c, 49152, shape)  # log-nearest of 16K and 64K: 64K
+    assert at48["bf16-c"]["saved_bytes"] == 3000
+    assert costs_at_length({}, 8192, shape) == ({}, None)

@@ -67,7 +67,8 @@ def geometry(block_p: int, n_blocks: int, device: torch.device, *, rows: int | N
 # mxfp8 98.0/87.7, nvfp4 96.7/91.5 -> generic; int5 84.5/91.8, int6 77.1/88.6, fp4_e2m1 84.0/89.3, mxfp4
 # 87.7/90.8 -> 16-lane (the rule). Entries here overrule the rule.
 VEC16_DEFAULTS: dict[tuple[str, str], bool] = {
-    ("dequantize", f): False for f in ("int4", "int8", "nf4", "fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4")}
+    ("dequantize", f): False
+    for f in ("int4", "int8", "nf4", "fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4", "fp4_e2m1", "mxfp4")}
 
 _OPS = ("quantize", "dequantize", "accumulate", "reduce_requantize")
 
