@@ -97,9 +97,16 @@ def _run_budget(args: argparse.Namespace) -> int:
             raise PlannerError("--layer-costs: bench_layer_profile measures one sequence per layer; plan with "
                                "--microbatch-size 1, or measure the batch you train with")
         if not costs.get(str(args.seq_len)):
-            raise PlannerError(f"--layer-costs has no costs at {args.seq_len} tokens (it has "
-                               f"{', '.join(sorted(costs, key=int)) or 'none'}); profile that length "
-                               "(benchmarks/bench_layer_profile.py --seqs ...) or plan with the analytic costs")
+            if not (args.scale_costs and costs):
+                raise PlannerError(f"--layer-costs has no costs at {args.seq_len} tokens (it has "
+                                   f"{', '.join(sorted(costs, key=int)) or 'none'}); profile that length "
+                                   "(benchmarks/bench_layer_profile.py --seqs ...), pass --scale-costs to scale the "
+                                   "nearest measured length, or plan with the analytic costs")
+            from agoq_core.planner.budget import costs_at_length
+
+            at, note = costs_at_length(costs, args.seq_len, model_shape(model))
+            costs = {str(args.seq_len): at}
+            print(f"agoq plan: {note}", file=sys.stderr)
         if args.float8:  # the profile's fp8-* methods, prefix dropped; no eager / MLP-only LAAQ (float8 refuses them)
             from agoq_core.laaq.policy import float8_plan_options
 
@@ -266,6 +273,9 @@ def register(p: argparse.ArgumentParser) -> None:
                    help="measured per-layer costs (benchmarks/bench_layer_profile.py reports) at --seq-len: their "
                         "options (compiled ones included: bf16-c, laaq-c:nf4, qckpt-c:nf4, ckpt-c, ...) replace the "
                         "time model's")
+    b.add_argument("--scale-costs", action="store_true",
+                   help="with --layer-costs: plan a --seq-len the reports lack from the nearest measured length, "
+                        "scaled (bytes per token; time by the analytic layer's length dependence); says so on stderr")
     b.add_argument("--float8", action="store_true",
                    help="with --layer-costs: plan from its float8 methods (fp8-laaq-c:nf4, fp8-ckpt-c, ...): torchao "
                         "float8 on every decoder Linear, applied with apply_policy(model, plan, float8=True)")

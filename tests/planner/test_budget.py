@@ -209,6 +209,10 @@ def test_cli_budget_with_measured_layer_costs(tmp_path, capsys):
     assert main(["plan", "--budget", "140GiB", "--model", "llama2-7b", "--seq-len", "16384",
                  "--layer-costs", str(new)]) != 0
     assert "no costs at 16384 tokens (it has 32768)" in capsys.readouterr().err
+    assert main(["plan", "--budget", "140GiB", "--model", "llama2-7b", "--seq-len", "16384", "--scale-costs",
+                 "--layer-costs", str(new)]) == 0
+    cap = capsys.readouterr()
+    assert "measured at 32768 tokens, scaled to 16384" in cap.err and "bf16-c" in cap.out
     assert main(["plan", "--budget", "140GiB", "--model", "llama2-7b", "--seq-len", "32768", "--microbatch-size",
                  "2", "--layer-costs", str(new)]) != 0
     assert "--microbatch-size 1" in capsys.readouterr().err
