@@ -163,7 +163,9 @@ _QUANTIZE = ([("|x|", 1, _F32), ("flush mask", 1, _BOOL), ("kept x", 1, _F32), (
                 ("codes", 1, _I32)])
 _ENCODE = {
     "int": [("clamped v", 1, _F32), ("rounded v", 1, _F32)],
-    "fp4_e2m1": [("|v|", 1, _F32), ("threshold count", 1, _I32), ("threshold compare", 1, _BOOL)],
+    # codes._encode_fp4: |v|, the binade bits of max(|v|, 1), M, |v| + M, the code, the sign compare
+    "fp4_e2m1": [("|v|", 1, _F32), ("binade bits", 1, _I32), ("M", 1, _F32), ("|v| + M", 1, _F32),
+                 ("code", 1, _I32), ("sign compare", 1, _BOOL)],
     "nf4": [("threshold count", 1, _I32), ("threshold compare", 1, _BOOL)],
     "fp8_e4m3": [("clamped v", 1, _F32), ("v bits", 1, _I32), ("sign", 1, _I32), ("|bits|", 1, _I32),
                  ("subnormal code", 1, _I32), ("normal code", 1, _I32)],
