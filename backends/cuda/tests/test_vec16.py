@@ -15,7 +15,8 @@ from cuda_inputs import assert_bits_equal, special_blocks
 
 # (format, block, code buffer at an odd address): every packing width, both tiles
 CASES = [("int4", None, False), ("int5", None, False), ("int5", 16, True), ("int6", None, True), ("int6", 16, False),
-         ("nf4", 16, False), ("fp8_e4m3", None, True), ("mxfp8", None, False)]
+         ("nf4", 16, False), ("nf4", None, False), ("fp4_e2m1", None, False), ("mxfp4", None, False),
+         ("fp8_e4m3", None, True), ("mxfp8", None, False)]
 
 
 @pytest.fixture

@@ -462,15 +462,16 @@ def _materialise(p, opaque_zero):
 # 16 (one shuffle and half the per-row work less per element). Whole power-of-two blocks of >= 16 elements
 # only (the launcher checks that, and the alignment of the code buffer for the wide stores).
 @triton.jit
-def _tile16(t, n_blocks, ROWS: tl.constexpr, BLOCK: tl.constexpr):
-    """Offsets [BLOCK // 16, ROWS, 8] of the first half of each 16-element group (the second: + 8), the rows,
-    their validity, and the load mask (by row only: the loads stay vectorized). The group index comes first:
-    Triton lays threads along the dims of equal contiguity in index order, so lanes walk a row's groups
-    (coalesced) and a row's reduction stays within a warp."""
+def _tile16(t, n_blocks, ROWS: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr = 16):
+    """Offsets [BLOCK // GROUP, ROWS, 8] of the first 8 elements of each GROUP-element group (GROUP 16: the second
+    half is + 8; GROUP 8: the 4-bit dequantize, one code word per group), the rows, their validity, and the load
+    mask (by row only: the loads stay vectorized). The group index comes first: Triton lays threads along the
+    dims of equal contiguity in index order, so lanes walk a row's groups (coalesced) and a row's reduction stays
+    within a warp."""
     rows = t * ROWS + tl.arange(0, ROWS)
-    j = tl.arange(0, BLOCK // 16)
+    j = tl.arange(0, BLOCK // GROUP)
     c = tl.arange(0, 8)
-    off = rows[None, :, None] * BLOCK + j[:, None, None] * 16 + c[None, None, :]
+    off = rows[None, :, None] * BLOCK + j[:, None, None] * GROUP + c[None, None, :]
     ok = rows < n_blocks
     return rows, ok, off, ok[None, :, None] & (c[None, None, :] >= 0)
 
@@ -705,7 +706,13 @@ def dequantize_kernel(codes_ptr, scales_ptr, lut_ptr, out_ptr, n, n_blocks, n_ti
     writing 16 consecutive outputs of a row (kernels._load_codes16); else the generic tile."""
     t = tl.program_id(0)
     while t < n_tiles:
-        if VEC16:
+        if VEC16 and BITS == 4:  # one int32 word (8 codes) per thread and group of 8: loads and stores coalesced
+            rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK, 8)
+            w = tl.load(codes_ptr.to(tl.pointer_type(tl.int32)) + rows[None, :] * (BLOCK // 8)
+                        + tl.arange(0, BLOCK // 8)[:, None], mask=ok[None, :], other=0)
+            s = tl.load(scales_ptr + rows, mask=ok, other=0.0)[None, :, None]
+            _store_f32(out_ptr, off, decode(_unpack(w, 4, 8), lut_ptr, KIND, BITS, NF4_LUT, HW) * s, m, OUT_FLOAT, HW)
+        elif VEC16:
             rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
             ca, cb = _load_codes16(codes_ptr, rows, ok, off, ROWS, BITS, BLOCK)
             s = tl.load(scales_ptr + rows, mask=ok, other=0.0)[None, :, None]
