@@ -28,7 +28,8 @@ for spec in "$@"; do
     # issue 17: host us per eager accumulate_/quantize_into call, launcher normal path vs fast path (~20 s)
     host)        cmd=(python3 benchmarks/bench_host.py) ;;
     # issue 17: dequantize with the 16-lane tile off and on for every format, 1 GiB (picks agoq_cuda.launch.VEC16_DEFAULTS)
-    dequant-tiles) cmd=(python3 benchmarks/bench_codecs.py --sizes-mib 1024 --no-sweep --bucket-log2 0 --compile-formats --norm-tokens 0 --dequant-tiles both --deadline-s $((secs - 30)) --json "$OUT/bench_codecs_tiles.json") ;;
+    # TILE_FORMATS (space-separated): only these formats
+    dequant-tiles) cmd=(python3 benchmarks/bench_codecs.py --sizes-mib 1024 --no-sweep --bucket-log2 0 --compile-formats --norm-tokens 0 --dequant-tiles both --deadline-s $((secs - 30)) --json "$OUT/bench_codecs_tiles.json" ${TILE_FORMATS:+--formats $TILE_FORMATS}) ;;
     # the fused RMSNorm + quantize against the compiled norm + codec pair, 16K x 4096, the 4-bit formats (~60 s)
     norm-fusion) cmd=(python3 benchmarks/bench_codecs.py --formats int4 nf4 fp4_e2m1 mxfp4 --sizes-mib 1024 --no-sweep \
                       --bucket-log2 0 --compile-formats --deadline-s $((secs - 20)) --json "$OUT/bench_codecs_norm.json") ;;

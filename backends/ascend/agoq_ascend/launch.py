@@ -42,7 +42,7 @@ class AscendGeometry:
 
     def hw(self, device: torch.device, requested: bool | None) -> bool:
         # HW=True is CUDA sm_89+ only (hardware fp8/bf16 converts, libdevice's rcp.rn / mul.rn): A2/A3 have no FP8,
-        # and the FMA trick's exactness on Ascend's vector unit is unverified.
+        # and Triton-Ascend has no libdevice with explicitly rounded, never-contracted fp32 ops.
         if requested:
             raise ValueError("hw=True (hardware fp8/bf16 conversions) is CUDA sm_89+ only; agoq-ascend runs the "
                              "portable integer-logic kernels")
