@@ -262,6 +262,12 @@ def _optimizer(model, device, quangrad=False):
         return torch.optim.AdamW(model.parameters(), lr=1e-5), f"torch.optim.AdamW (no 8-bit optimizer: {exc})"
 
 
+#: The measured-cost policies choose the loss too (planner.budget.plan_budget(loss="auto")): the model's own where
+#: its fp32 logits fit and that plan is predicted faster (8K, 16K on the whole device: then the plan is plain's),
+#: else the chunked one. Until 2026-12-02 they always used the chunked loss.
+POLICY_M_LOSS = "auto"
+
+
 def _plan(cell, model, seq, options, loss, device, measured=None, headroom=0.02, quangrad=False):
     from agoq_core.planner.budget import BUDGET_STATIC, plan_budget
 
@@ -385,14 +391,14 @@ def _setup(model, config, seq, cell, device, state):
         analytic = "bf16,laaq:nf4,laaq:int8,sac,ckpt,qckpt:nf4,qckpt:int8"
         options = ",".join(dict.fromkeys(list(measured) + analytic.split(","))) if measured else analytic
         headroom = state.setdefault("headroom", POLICY_HEADROOM[0])
-        plan = _plan(cell, model, seq, options, "chunked", device, measured=measured or None, headroom=headroom)
+        plan = _plan(cell, model, seq, options, POLICY_M_LOSS, device, measured=measured or None, headroom=headroom)
         desc["headroom"] = headroom
         if scaled and measured:
             desc["costs_scaled"] = scaled
         desc.update(_plan_desc(plan), costs="measured (bench_layer_profile) + analytic for the rest" if measured else (
             "analytic (fallback after 2 measured-cost plans ran out of memory)" if state.get("analytic") else "analytic"))
         apply_policy(model, plan, compile_backend=be)
-        return "chunked", desc
+        return plan.loss, desc
     elif base in ("policy-m-fp8", "policy-m-fp8-qg"):  # float8 Linears, LAAQ with float8 GEMMs, fp8-* costs
         from agoq_core.laaq.policy import apply_policy, float8_plan_options
 
@@ -406,12 +412,12 @@ def _setup(model, config, seq, cell, device, state):
         headroom = state.setdefault("headroom", POLICY_HEADROOM[0])
         qg = base.endswith("-qg")
         state["quangrad"] = qg
-        plan = _plan(cell, model, seq, ",".join(measured), "chunked", device, measured=measured, headroom=headroom,
+        plan = _plan(cell, model, seq, ",".join(measured), POLICY_M_LOSS, device, measured=measured, headroom=headroom,
                      quangrad=qg)
         desc["headroom"] = headroom
         desc.update(_plan_desc(plan), costs="measured float8 (bench_layer_profile fp8-*)", quangrad=qg)
         apply_policy(model, plan, compile_backend=be, float8=True if device.type == "cuda" else _emulated_float8())
-        return "chunked", desc
+        return plan.loss, desc
     elif base in ("policy", "policy-fp8"):
         from agoq_core.laaq.policy import apply_policy
 

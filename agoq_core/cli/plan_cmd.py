@@ -266,8 +266,9 @@ def register(p: argparse.ArgumentParser) -> None:
     b.add_argument("--options", default=None,
                    help="per-layer options, comma-separated: bf16, ckpt, laaq:FMT, qckpt:FMT "
                         "[bf16,laaq:nf4,laaq:int5,laaq:int6,laaq:int8,ckpt,qckpt:nf4,qckpt:int8]")
-    b.add_argument("--loss", default=None, choices=("chunked", "hf"),
-                   help="loss the training uses: chunked/fused linear cross-entropy, or the model's own [chunked]")
+    b.add_argument("--loss", default=None, choices=("chunked", "hf", "auto"),
+                   help="loss the training uses: chunked/fused linear cross-entropy, the model's own, or auto (the "
+                        "model's own where that plan is predicted faster and fits) [chunked]")
     b.add_argument("--headroom", type=float, default=None, help="share of the budget left to the allocator [0.02]")
     b.add_argument("--layer-costs", default=None, metavar="JSON[,JSON]",
                    help="measured per-layer costs (benchmarks/bench_layer_profile.py reports) at --seq-len: their "

@@ -608,15 +608,29 @@ def _ranges(xs: Sequence[int]) -> str:
 
 
 def plan_budget(model: object, *, budget: int | str, seq_len: int, batch: int = 1, device="H200",
-                options: Sequence[str] | str = DEFAULT_OPTIONS, loss: Loss = "chunked", headroom: float = 0.02,
-                static: StaticMemoryConfig = BUDGET_STATIC, measured: Mapping[str, Mapping] | None = None
-                ) -> BudgetPlan:
+                options: Sequence[str] | str = DEFAULT_OPTIONS, loss: Loss | Literal["auto"] = "chunked",
+                headroom: float = 0.02, static: StaticMemoryConfig = BUDGET_STATIC,
+                measured: Mapping[str, Mapping] | None = None) -> BudgetPlan:
     """The per-layer mix with the highest predicted tokens/s whose predicted peak fits ``budget``.
 
     ``model``: a preset name, a TransformerShape or an HF config/model. ``budget``: bytes or a string
     (``"80GiB"``) of memory the process may allocate; ``headroom`` of it is left for the allocator.
     ``measured``: per-layer costs measured at this sequence length (see :func:`layer_options`).
+    ``loss="auto"``: the loss is chosen too — the model's own (``hf``: fp32 logits kept, no recomputation) where
+    that plan is predicted faster and fits, else the chunked one (the plan's ``loss`` says which).
     Raises BudgetError naming the smallest budget that fits when nothing does."""
+    if loss == "auto":
+        kw = dict(budget=budget, seq_len=seq_len, batch=batch, device=device, options=options, headroom=headroom,
+                  static=static, measured=measured)
+        plans, first_error = [], None
+        for kind in ("chunked", "hf"):
+            try:
+                plans.append(plan_budget(model, loss=kind, **kw))
+            except BudgetError as exc:
+                first_error = first_error or exc
+        if not plans:
+            raise first_error
+        return min(plans, key=lambda p: p.step_time_s)  # chunked first: it wins a tie
     from agoq_core.planner.explain import fmt_bytes, parse_bytes
     from agoq_core.scale import compute as C
 

@@ -272,3 +272,25 @@ def test_costs_at_length_scales_from_the_nearest_profiled_length():
     at48, _ = costs_at_length(c, 49152, shape)  # log-nearest of 16K and 64K: 64K
     assert at48["bf16-c"]["saved_bytes"] == 3000
     assert costs_at_length({}, 8192, shape) == ({}, None)
+
+
+def test_loss_auto_keeps_the_models_loss_where_it_fits_and_is_faster():
+    from agoq_core.planner.budget import plan_budget
+    from agoq_core.planner.errors import BudgetError
+
+    roomy = plan_budget("llama2-7b", budget="140GiB", seq_len=8192, loss="auto")
+    hf = plan_budget("llama2-7b", budget="140GiB", seq_len=8192, loss="hf")
+    chunked = plan_budget("llama2-7b", budget="140GiB", seq_len=8192, loss="chunked")
+    assert roomy.loss == "hf" and roomy.choices == hf.choices  # no logits recomputation where they fit
+    assert hf.step_time_s < chunked.step_time_s
+    # where the fp32 logits would crowd out the layers, the chunked loss's plan is the faster one
+    tight = plan_budget("llama2-7b", budget="80GiB", seq_len=65536, loss="auto")
+    assert tight.loss == "chunked"
+    try:
+        hf_tight = plan_budget("llama2-7b", budget="80GiB", seq_len=65536, loss="hf")
+    except BudgetError:
+        pass
+    else:
+        assert hf_tight.step_time_s >= tight.step_time_s
+    with pytest.raises(BudgetError):
+        plan_budget("llama2-7b", budget="20GiB", seq_len=65536, loss="auto")
