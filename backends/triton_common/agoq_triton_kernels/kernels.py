@@ -649,6 +649,27 @@ def _quantize16(xa, xb, elut_ptr, ROWS: tl.constexpr, KIND: tl.constexpr, BITS: 
 
 
 @triton.jit
+def _dequantize16_store(codes_ptr, scales_ptr, lut_ptr, out_ptr, t, n_blocks, ROWS: tl.constexpr, KIND: tl.constexpr,
+                        BITS: tl.constexpr, BLOCK: tl.constexpr, OUT_FLOAT: tl.constexpr, NF4_LUT: tl.constexpr,
+                        HW: tl.constexpr):
+    """The 16-lane tile's dequantize of tile t. 4-bit codes: one int32 word (8 codes) per thread and group of 8, so
+    the code loads and the 16-byte stores are both coalesced; other widths: the two halves of each 16-element group
+    (_load_codes16)."""
+    if BITS == 4:
+        rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK, 8)
+        w = tl.load(codes_ptr.to(tl.pointer_type(tl.int32)) + rows[None, :] * (BLOCK // 8)
+                    + tl.arange(0, BLOCK // 8)[:, None], mask=ok[None, :], other=0)
+        s = tl.load(scales_ptr + rows, mask=ok, other=0.0)[None, :, None]
+        _store_f32(out_ptr, off, decode(_unpack(w, 4, 8), lut_ptr, KIND, BITS, NF4_LUT, HW) * s, m, OUT_FLOAT, HW)
+    else:
+        rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
+        ca, cb = _load_codes16(codes_ptr, rows, ok, off, ROWS, BITS, BLOCK)
+        s = tl.load(scales_ptr + rows, mask=ok, other=0.0)[None, :, None]
+        _store_f32(out_ptr, off, decode(ca, lut_ptr, KIND, BITS, NF4_LUT, HW) * s, m, OUT_FLOAT, HW)
+        _store_f32(out_ptr, off + 8, decode(cb, lut_ptr, KIND, BITS, NF4_LUT, HW) * s, m, OUT_FLOAT, HW)
+
+
+@triton.jit
 def _requantize16(acca, accb, codes_ptr, scales_ptr, elut_ptr, rows, ok, ROWS: tl.constexpr, KIND: tl.constexpr,
                   BITS: tl.constexpr, QMAX: tl.constexpr, BLOCK: tl.constexpr, NF4_LUT: tl.constexpr,
                   HW: tl.constexpr, SCALE: tl.constexpr):
@@ -706,18 +727,9 @@ def dequantize_kernel(codes_ptr, scales_ptr, lut_ptr, out_ptr, n, n_blocks, n_ti
     writing 16 consecutive outputs of a row (kernels._load_codes16); else the generic tile."""
     t = tl.program_id(0)
     while t < n_tiles:
-        if VEC16 and BITS == 4:  # one int32 word (8 codes) per thread and group of 8: loads and stores coalesced
-            rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK, 8)
-            w = tl.load(codes_ptr.to(tl.pointer_type(tl.int32)) + rows[None, :] * (BLOCK // 8)
-                        + tl.arange(0, BLOCK // 8)[:, None], mask=ok[None, :], other=0)
-            s = tl.load(scales_ptr + rows, mask=ok, other=0.0)[None, :, None]
-            _store_f32(out_ptr, off, decode(_unpack(w, 4, 8), lut_ptr, KIND, BITS, NF4_LUT, HW) * s, m, OUT_FLOAT, HW)
-        elif VEC16:
-            rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
-            ca, cb = _load_codes16(codes_ptr, rows, ok, off, ROWS, BITS, BLOCK)
-            s = tl.load(scales_ptr + rows, mask=ok, other=0.0)[None, :, None]
-            _store_f32(out_ptr, off, decode(ca, lut_ptr, KIND, BITS, NF4_LUT, HW) * s, m, OUT_FLOAT, HW)
-            _store_f32(out_ptr, off + 8, decode(cb, lut_ptr, KIND, BITS, NF4_LUT, HW) * s, m, OUT_FLOAT, HW)
+        if VEC16:
+            _dequantize16_store(codes_ptr, scales_ptr, lut_ptr, out_ptr, t, n_blocks, ROWS, KIND, BITS, BLOCK,
+                                OUT_FLOAT, NF4_LUT, HW)
         else:
             rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
             y = dequantize_tile(codes_ptr, scales_ptr, lut_ptr, rows, ok, elem, emask, n,
