@@ -663,10 +663,9 @@ def _dequantize16_store(codes_ptr, scales_ptr, lut_ptr, out_ptr, t, n_blocks, RO
         _store_f32(out_ptr, off, decode(_unpack(w, 4, 8), lut_ptr, KIND, BITS, NF4_LUT, HW) * s, m, OUT_FLOAT, HW)
     else:
         rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
-        ca, cb = _load_codes16(codes_ptr, rows, ok, off, ROWS, BITS, BLOCK)
-        s = tl.load(scales_ptr + rows, mask=ok, other=0.0)[None, :, None]
-        _store_f32(out_ptr, off, decode(ca, lut_ptr, KIND, BITS, NF4_LUT, HW) * s, m, OUT_FLOAT, HW)
-        _store_f32(out_ptr, off + 8, decode(cb, lut_ptr, KIND, BITS, NF4_LUT, HW) * s, m, OUT_FLOAT, HW)
+        da, db = _dequantize16(codes_ptr, scales_ptr, lut_ptr, rows, ok, off, ROWS, KIND, BITS, BLOCK, NF4_LUT, HW)
+        _store_f32(out_ptr, off, da, m, OUT_FLOAT, HW)
+        _store_f32(out_ptr, off + 8, db, m, OUT_FLOAT, HW)
 
 
 @triton.jit
