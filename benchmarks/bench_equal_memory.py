@@ -56,6 +56,7 @@ import argparse
 import gc
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -678,6 +679,9 @@ def run_cell(cell):
                 else:  # the primed step: its time includes compilation (a lower bound of tokens/s)
                     dt, peak = res["first_step_s"], res.get("warmup_peak_bytes")
                     res["tokens_per_s_includes_compile"] = True
+                if each:  # beside the mean: one slow step (a collection, a stray recompile) moves the mean only
+                    med = statistics.median(each)
+                    res.update(step_median_s=med, tokens_per_s_median=seq * cell.get("batch", 1) / med)
                 res.update(step_s=dt, tokens_per_s=seq * cell.get("batch", 1) / dt, oom=False,
                            batch=cell.get("batch", 1), peak_bytes=peak,
                            reserved_peak_bytes=torch.cuda.max_memory_reserved(device) if cuda else None)
@@ -875,15 +879,19 @@ def _environment(device):
 
 def table(rows, smoke):
     unit, uname = ((1 << 20), "MiB") if smoke else (GIB, "GiB")
-    lines = [f"{'config':<14} {'cap':>5} {'seq':>7} {'tokens/s':>10} {'peak ' + uname:>10} {'pred ' + uname:>10}  note"]
+    lines = [f"{'config':<14} {'cap':>5} {'seq':>7} {'tokens/s':>10} {'median':>10} {'peak ' + uname:>10} "
+             f"{'pred ' + uname:>10}  note"]
     for r in rows:
         cap = f"{r['cap_gib']:.0f}" if r.get("cap_gib") else "all"
         if r.get("unavailable") or r.get("failed"):
             note, tps, pk = (r.get("unavailable") or r.get("failed"))[:60], "-", "-"
+            med = "-"
         elif r.get("oom"):
             note, tps, pk = "OOM" + (f" ({r['oom_phase']})" if r.get("oom_phase") else ""), "-", "-"
+            med = "-"
         else:
             tps = f"{r['tokens_per_s']:,.0f}"
+            med = f"{r['tokens_per_s_median']:,.0f}" if r.get("tokens_per_s_median") else "-"
             pk = f"{r['peak_bytes'] / unit:.1f}" if r.get("peak_bytes") else "n/a"
             note = ", ".join(f"{k}={v}" for k, v in (("ckpt_layers", r.get("ckpt_layers")),
                                                         ("ckpt", r.get("checkpointing")), ("mix", r.get("mix")))
@@ -891,7 +899,7 @@ def table(rows, smoke):
         if r.get("compile_fallbacks"):
             note = f"EAGER FALLBACK x{len(r['compile_fallbacks'])}; " + note
         pred = f"{r['predicted_peak_bytes'] / unit:.1f}" if r.get("predicted_peak_bytes") else ""
-        lines.append(f"{r['config']:<14} {cap:>5} {r['seq']:>7} {tps:>10} {pk:>10} {pred:>10}  {note}")
+        lines.append(f"{r['config']:<14} {cap:>5} {r['seq']:>7} {tps:>10} {med:>10} {pk:>10} {pred:>10}  {note}")
     return "\n".join(lines)
 
 

@@ -294,3 +294,22 @@ def test_loss_auto_keeps_the_models_loss_where_it_fits_and_is_faster():
         assert hf_tight.step_time_s >= tight.step_time_s
     with pytest.raises(BudgetError):
         plan_budget("llama2-7b", budget="20GiB", seq_len=65536, loss="auto")
+
+
+def test_an_option_measured_faster_than_keeping_the_layer_is_not_planned_where_bf16_fits():
+    """Every option but bf16 does bf16's work and more: a profile that measured LAAQ faster (noise) must not make
+    the plan quantize layers that fit in bf16; under a budget bf16 does not fit, LAAQ still fills the gap."""
+    from agoq_core.planner.budget import KEEP_TIE_S, layer_options, plan_budget
+    from agoq_core.planner.model import model_shape
+
+    gib = 1 << 30
+    measured = {"bf16-c": {"saved_bytes": int(1.0 * gib), "transient_bytes": gib // 2, "time_s": 0.0260},
+                "laaq-c:nf4": {"saved_bytes": int(0.4 * gib), "transient_bytes": gib // 2, "time_s": 0.0255},
+                "ckpt-c": {"saved_bytes": gib // 16, "transient_bytes": gib, "time_s": 0.0330}}
+    opts = {o.name: o for o in layer_options(model_shape("llama2-7b"), seq_len=8192, options=list(measured), measured=measured)}
+    assert opts["laaq-c:nf4"].time_s == pytest.approx(0.0260 + KEEP_TIE_S)
+    assert opts["ckpt-c"].time_s == 0.0330 and opts["bf16-c"].time_s == 0.0260  # slower options keep their time
+    roomy = plan_budget("llama2-7b", budget="140GiB", seq_len=8192, options=list(measured), measured=measured)
+    assert set(roomy.choices) == {"bf16-c"}
+    tight = plan_budget("llama2-7b", budget="70GiB", seq_len=8192, options=list(measured), measured=measured)
+    assert "laaq-c:nf4" in tight.choices and "bf16-c" in tight.choices and tight.peak_bytes <= tight.usable_bytes

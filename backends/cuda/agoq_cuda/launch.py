@@ -65,10 +65,13 @@ def geometry(block_p: int, n_blocks: int, device: torch.device, *, rows: int | N
 # `bench_codecs.py --dequant-tiles both` timed both tiles in one run on 2026-12-02 (1 GiB, % of copy bandwidth,
 # generic / 16-lane): int4 93.3/82.5, int8 96.0/91.0, nf4 60.7/55.2, fp8_e4m3 97.6/85.3, fp8_e5m2 97.6/85.4,
 # mxfp8 98.0/87.7, nvfp4 96.7/91.5 -> generic; int5 84.5/91.8, int6 77.1/88.6, fp4_e2m1 84.0/89.3, mxfp4
-# 87.7/90.8 -> 16-lane (the rule). Entries here overrule the rule.
+# 87.7/90.8 -> 16-lane (the rule). Later runs moved fp4_e2m1 and mxfp4 to the generic tile (12:20: 96.6/89.7,
+# 97.2/91.3), and the 16-lane dequantize of 4-bit codes that gives each thread one code word per 8 outputs won for
+# nf4 only (14:52: nf4 65.7/89.3; int4 96.4/96.2, fp4_e2m1 96.3/96.3, mxfp4 97.0/96.8, nvfp4 97.1/97.2 -> ties, kept
+# generic). Entries here overrule the rule.
 VEC16_DEFAULTS: dict[tuple[str, str], bool] = {
     ("dequantize", f): False
-    for f in ("int4", "int8", "nf4", "fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4", "fp4_e2m1", "mxfp4")}
+    for f in ("int4", "int8", "fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4", "fp4_e2m1", "mxfp4")}
 
 _OPS = ("quantize", "dequantize", "accumulate", "reduce_requantize")
 
