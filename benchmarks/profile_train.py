@@ -78,6 +78,9 @@ def _parse(argv):
     ap.add_argument("--steps", type=int, default=8, help="synced phase-timed steps")
     ap.add_argument("--profile-steps", type=int, default=2)
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--cprofile", type=int, default=0, metavar="N",
+                    help="N more steps per arm under cProfile (autograd's device threads off, so the backward's Python "
+                         "runs in the profiled thread): host time per step by Python function")
     ap.add_argument("--sequential", dest="interleave", action="store_false",
                     help="one arm at a time (as agoq train); default: every arm built first and the timed steps "
                          "interleaved in rounds")
@@ -227,6 +230,41 @@ class _ArmRun:
             "top": [{"name": name[:110], "ms": v[0], "calls_per_step": v[1] / n, "group": v[2]} for name, v in top],
         }
 
+    def cprofile(self, steps: int, top_n: int) -> dict:
+        """``steps`` steps under cProfile with the autograd engine on the calling thread: the Python functions with
+        the most host time per step (own time, and cumulative time of agoq's own functions)."""
+        import cProfile
+        import pstats
+
+        import torch
+
+        from agoq_core.train.loop import _sync
+
+        prof = cProfile.Profile()
+        torch.autograd.set_multithreading_enabled(False)
+        try:
+            _sync(self.rt)
+            t0 = time.perf_counter()
+            prof.enable()
+            for _ in range(steps):
+                self.one_step(False)
+            _sync(self.rt)
+            prof.disable()
+            wall = (time.perf_counter() - t0) * 1e3 / steps
+        finally:
+            torch.autograd.set_multithreading_enabled(True)
+        st = pstats.Stats(prof).stats  # {(file, line, name): (prim calls, calls, tottime, cumtime, callers)}
+
+        def row(k, v):
+            f, line, name = k
+            short = f if f.startswith("<") or f == "~" else "/".join(Path(f).parts[-2:])
+            return {"fn": f"{short}:{line}({name})", "calls_per_step": v[1] / steps, "own_ms": v[2] * 1e3 / steps,
+                    "cum_ms": v[3] * 1e3 / steps}
+
+        own = sorted(st.items(), key=lambda kv: -kv[1][2])[:top_n]
+        ours = sorted(((k, v) for k, v in st.items() if "agoq" in k[0]), key=lambda kv: -kv[1][3])[:top_n]
+        return {"wall_ms": wall, "own": [row(k, v) for k, v in own], "agoq_cum": [row(k, v) for k, v in ours]}
+
     def close(self) -> None:
         import torch
 
@@ -267,6 +305,8 @@ def _measure(names: list[str], cfg, rt, corpus, args, report: dict) -> None:
         try:
             res = run.phases()
             res["kernels"] = run.profile(args.profile_steps, args.top)
+            if args.cprofile:
+                res["cprofile"] = run.cprofile(args.cprofile, args.top)
             res["notes"] = list(run.arm.notes)
             report["arms"][name] = res
         except Exception as exc:
@@ -317,6 +357,14 @@ def render(report: dict) -> str:
             lines += [f"| {k} | {v['cpu_ms']:.2f} | {v['calls_per_step']:.0f} |" for k, v in hr.items()]
         lines += ["", f"## {name}: heaviest kernels per step", "", "| kernel | group | ms | calls |", "|---|---|---:|---:|"]
         lines += [f"| `{t['name']}` | {t['group']} | {t['ms']:.2f} | {t['calls_per_step']:.0f} |" for t in r["kernels"]["top"]]
+        cp = r.get("cprofile")
+        if cp:
+            for key, title in (("own", "own host time"), ("agoq_cum", "cumulative host time of agoq's functions")):
+                lines += ["", f"## {name}: Python {title} per step (cProfile, single-threaded autograd, "
+                              f"{cp['wall_ms']:.1f} ms a step under it)", "",
+                          "| function | calls | own ms | cum ms |", "|---|---:|---:|---:|"]
+                lines += [f"| `{t['fn']}` | {t['calls_per_step']:.0f} | {t['own_ms']:.2f} | {t['cum_ms']:.2f} |"
+                          for t in cp[key]]
     return "\n".join(lines) + "\n"
 
 
