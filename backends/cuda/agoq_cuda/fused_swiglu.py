@@ -33,6 +33,7 @@ Flat tensors of whole blocks (N % block == 0), bf16 or fp16, block-local formats
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -41,7 +42,8 @@ import triton.language as tl
 
 from agoq_triton_kernels.buffers import check_codec_buffers, float_view
 from agoq_triton_kernels.codes import bf16_bits_to_f32, f32_to_bf16_bits
-from agoq_triton_kernels.kernels import _load_f32, _store_f32, _tile, dequantize_tile, quantize_tile, store_codes
+from agoq_triton_kernels.kernels import (_dequantize16, _load_f32, _quantize16, _store_codes16, _store_f32, _tile, _tile16,
+                                         dequantize_tile, quantize_tile, store_codes)
 from agoq_triton_kernels.layout import format_constexprs
 
 __all__ = ["silu_mul_quant_unsupported", "silu_mul_quant_into", "silu_mul_quant_variants",
@@ -107,56 +109,97 @@ def _silu16(g, mask, tab_ptr, SILU: tl.constexpr, FLOAT: tl.constexpr):
         return _round(tl.math.div_rn(g, 1.0 + _exp(-g, SILU)), FLOAT)
 
 
+@triton.jit
+def _quantize16_store(xa, xb, c_ptr, s_ptr, elut_ptr, rows, ok, ROWS: tl.constexpr, KIND: tl.constexpr,
+                      BITS: tl.constexpr, QMAX: tl.constexpr, BLOCK: tl.constexpr, NF4_LUT: tl.constexpr,
+                      HW: tl.constexpr, SCALE: tl.constexpr):
+    """Codes and scales of the 16-lane tile's two halves (the codec kernels' own _quantize16 / _store_codes16)."""
+    ca, cb, sc = _quantize16(xa, xb, elut_ptr, ROWS, KIND, BITS, QMAX, BLOCK, NF4_LUT, HW, SCALE, None)
+    _store_codes16(c_ptr, ca, cb, rows, ok, ~(sc > 0.0), ROWS, KIND, BITS, BLOCK)
+    tl.store(s_ptr + rows, sc, mask=ok)
+
+
 @triton.jit(do_not_specialize=["n", "n_blocks", "n_tiles"])
 def _silu_mul_quant_kernel(g_ptr, u_ptr, h_ptr, gc_ptr, gs_ptr, uc_ptr, us_ptr, n, n_blocks, n_tiles,
                            KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
                            QMAX: tl.constexpr, ROWS: tl.constexpr, FLOAT: tl.constexpr, HW: tl.constexpr,
                            SILU: tl.constexpr, SCALE: tl.constexpr = 0, elut_ptr=None, NF4_LUT: tl.constexpr = False,
-                           tab_ptr=None):
+                           tab_ptr=None, VEC16: tl.constexpr = False):
     t = tl.program_id(0)
     while t < n_tiles:
-        rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, False)
-        g = _load_f32(g_ptr, elem, emask, FLOAT)
-        u = _load_f32(u_ptr, elem, emask, FLOAT)
-        c, s = quantize_tile(g, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT, HW, SCALE)
-        store_codes(gc_ptr, c, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, False)
-        tl.store(gs_ptr + rows, s, mask=ok)
-        c, s = quantize_tile(u, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT, HW, SCALE)
-        store_codes(uc_ptr, c, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, False)
-        tl.store(us_ptr + rows, s, mask=ok)
-        a = _silu16(g, emask, tab_ptr, SILU, FLOAT)
-        _store_f32(h_ptr, elem, a * u, emask, FLOAT, HW)  # 16-bit x 16-bit is exact in fp32: one rounding
+        if VEC16:  # the codec kernels' 16-lane tile: a thread owns 16 consecutive elements of a block
+            rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
+            ga = _load_f32(g_ptr, off, m, FLOAT)
+            gb = _load_f32(g_ptr, off + 8, m, FLOAT)
+            ua = _load_f32(u_ptr, off, m, FLOAT)
+            ub = _load_f32(u_ptr, off + 8, m, FLOAT)
+            _quantize16_store(ga, gb, gc_ptr, gs_ptr, elut_ptr, rows, ok, ROWS, KIND, BITS, QMAX, BLOCK, NF4_LUT, HW,
+                              SCALE)
+            _quantize16_store(ua, ub, uc_ptr, us_ptr, elut_ptr, rows, ok, ROWS, KIND, BITS, QMAX, BLOCK, NF4_LUT, HW,
+                              SCALE)
+            _store_f32(h_ptr, off, _silu16(ga, m, tab_ptr, SILU, FLOAT) * ua, m, FLOAT, HW)
+            _store_f32(h_ptr, off + 8, _silu16(gb, m, tab_ptr, SILU, FLOAT) * ub, m, FLOAT, HW)
+        else:
+            rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, False)
+            g = _load_f32(g_ptr, elem, emask, FLOAT)
+            u = _load_f32(u_ptr, elem, emask, FLOAT)
+            c, s = quantize_tile(g, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT, HW, SCALE)
+            store_codes(gc_ptr, c, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, False)
+            tl.store(gs_ptr + rows, s, mask=ok)
+            c, s = quantize_tile(u, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT, HW, SCALE)
+            store_codes(uc_ptr, c, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, False)
+            tl.store(us_ptr + rows, s, mask=ok)
+            a = _silu16(g, emask, tab_ptr, SILU, FLOAT)
+            _store_f32(h_ptr, elem, a * u, emask, FLOAT, HW)  # 16-bit x 16-bit is exact in fp32: one rounding
         t += tl.num_programs(0)
+
+
+@triton.jit
+def _backward_elems(dh_ptr, h_ptr, dg_ptr, du_ptr, offs, mask, g, u, tab_ptr, sig_ptr, FLOAT: tl.constexpr,
+                    HW: tl.constexpr, SILU: tl.constexpr, SIG: tl.constexpr, FMA: tl.constexpr):
+    """h, dup and dgate at ``offs`` from the decoded g and u (already rounded to the activation dtype)."""
+    dh = _load_f32(dh_ptr, offs, mask, FLOAT)
+    a = _silu16(g, mask, tab_ptr, SILU, FLOAT)
+    _store_f32(h_ptr, offs, a * u, mask, FLOAT, HW)
+    _store_f32(du_ptr, offs, dh * a, mask, FLOAT, HW)
+    dy = _round(dh * u, FLOAT)
+    if SIG == 1:  # torch.sigmoid of this 16-bit value, from the table (index: its 16 bits)
+        s = tl.load(sig_ptr + _bits16(g, FLOAT), mask=mask, other=0.0)
+    else:
+        s = tl.math.div_rn(1.0, 1.0 + _exp(-g, SILU))
+    if FMA == 2:  # a single rounding in fp64 (x: 16-bit, 1 - s: fp32 -> the product is exact in fp64)
+        t1 = (g.to(tl.float64) * (1.0 - s).to(tl.float64) + 1.0).to(tl.float32)
+    elif FMA == 1:
+        t1 = tl.fma(g, 1.0 - s, 1.0)
+    else:
+        t1 = 1.0 + g * (1.0 - s)
+    _store_f32(dg_ptr, offs, (dy * s) * t1, mask, FLOAT, HW)
 
 
 @triton.jit(do_not_specialize=["n", "n_blocks", "n_tiles"])
 def _silu_mul_backward_kernel(dh_ptr, gc_ptr, gs_ptr, uc_ptr, us_ptr, lut_ptr, tab_ptr, sig_ptr, h_ptr, dg_ptr, du_ptr,
                               n, n_blocks, n_tiles, KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
                               BLOCK_P: tl.constexpr, ROWS: tl.constexpr, FLOAT: tl.constexpr, HW: tl.constexpr,
-                              NF4_LUT: tl.constexpr, SILU: tl.constexpr, SIG: tl.constexpr, FMA: tl.constexpr):
+                              NF4_LUT: tl.constexpr, SILU: tl.constexpr, SIG: tl.constexpr, FMA: tl.constexpr,
+                              VEC16: tl.constexpr = False):
     t = tl.program_id(0)
     while t < n_tiles:
-        rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, False)
-        g = _round(dequantize_tile(gc_ptr, gs_ptr, lut_ptr, rows, ok, elem, emask, n, ROWS, KIND, BITS, BLOCK,
-                                   BLOCK_P, NF4_LUT, False, HW), FLOAT)
-        u = _round(dequantize_tile(uc_ptr, us_ptr, lut_ptr, rows, ok, elem, emask, n, ROWS, KIND, BITS, BLOCK,
-                                   BLOCK_P, NF4_LUT, False, HW), FLOAT)
-        dh = _load_f32(dh_ptr, elem, emask, FLOAT)
-        a = _silu16(g, emask, tab_ptr, SILU, FLOAT)
-        _store_f32(h_ptr, elem, a * u, emask, FLOAT, HW)
-        _store_f32(du_ptr, elem, dh * a, emask, FLOAT, HW)
-        dy = _round(dh * u, FLOAT)
-        if SIG == 1:  # torch.sigmoid of this 16-bit value, from the table (index: its 16 bits)
-            s = tl.load(sig_ptr + _bits16(g, FLOAT), mask=emask, other=0.0)
+        if VEC16:  # codes read as words and unpacked in registers (kernels._dequantize16)
+            rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
+            ga, gb = _dequantize16(gc_ptr, gs_ptr, lut_ptr, rows, ok, off, ROWS, KIND, BITS, BLOCK, NF4_LUT, HW)
+            ua, ub = _dequantize16(uc_ptr, us_ptr, lut_ptr, rows, ok, off, ROWS, KIND, BITS, BLOCK, NF4_LUT, HW)
+            _backward_elems(dh_ptr, h_ptr, dg_ptr, du_ptr, off, m, _round(ga, FLOAT), _round(ua, FLOAT), tab_ptr,
+                            sig_ptr, FLOAT, HW, SILU, SIG, FMA)
+            _backward_elems(dh_ptr, h_ptr, dg_ptr, du_ptr, off + 8, m, _round(gb, FLOAT), _round(ub, FLOAT), tab_ptr,
+                            sig_ptr, FLOAT, HW, SILU, SIG, FMA)
         else:
-            s = tl.math.div_rn(1.0, 1.0 + _exp(-g, SILU))
-        if FMA == 2:  # a single rounding in fp64 (x: 16-bit, 1 - s: fp32 -> the product is exact in fp64)
-            t1 = (g.to(tl.float64) * (1.0 - s).to(tl.float64) + 1.0).to(tl.float32)
-        elif FMA == 1:
-            t1 = tl.fma(g, 1.0 - s, 1.0)
-        else:
-            t1 = 1.0 + g * (1.0 - s)
-        _store_f32(dg_ptr, elem, (dy * s) * t1, emask, FLOAT, HW)
+            rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, False)
+            g = _round(dequantize_tile(gc_ptr, gs_ptr, lut_ptr, rows, ok, elem, emask, n, ROWS, KIND, BITS, BLOCK,
+                                       BLOCK_P, NF4_LUT, False, HW), FLOAT)
+            u = _round(dequantize_tile(uc_ptr, us_ptr, lut_ptr, rows, ok, elem, emask, n, ROWS, KIND, BITS, BLOCK,
+                                       BLOCK_P, NF4_LUT, False, HW), FLOAT)
+            _backward_elems(dh_ptr, h_ptr, dg_ptr, du_ptr, elem, emask, g, u, tab_ptr, sig_ptr, FLOAT, HW, SILU, SIG,
+                            FMA)
         t += tl.num_programs(0)
 
 
@@ -197,10 +240,27 @@ def _launch_consts(spec, n: int, dtype: torch.dtype, device: torch.device, progr
     return c, la, LAUNCHER.geometry.hw(device, hw), LAUNCHER
 
 
+def _tile_flag(la, spec, op: str, codes: tuple[torch.Tensor, ...], vec16: bool | None) -> dict:
+    """{"VEC16": True} where ``op`` runs on the codec kernels' 16-lane tile: asked for (``vec16``; None: the
+    launcher's rules, AGOQ_CUDA_VEC16 / agoq_cuda.launch.VEC16_DEFAULTS, where ``op`` is the fused op's name) and
+    allowed (whole power-of-two blocks >= 16, code buffers aligned for the packed words); else {} (generic tile)."""
+    from agoq_cuda.launch import LAUNCHER
+    from agoq_triton_kernels.launch import _vec16
+
+    want = LAUNCHER.geometry.vec16_for(op, spec) if vec16 is None else bool(vec16)
+    if not (want and la.block_p == spec.block >= 16):
+        return {}
+    la = dataclasses.replace(la, vec16=True)
+    codec_op = "quantize" if op == "silu_mul_quant" else "dequantize"  # writes codes / only reads them
+    return {"VEC16": True} if all(_vec16(la, spec, False, c, op=codec_op) for c in codes) else {}
+
+
 def silu_mul_quant_into(gate: torch.Tensor, up: torch.Tensor, spec, h: torch.Tensor, gate_codes: torch.Tensor,
                         gate_scales: torch.Tensor, up_codes: torch.Tensor, up_scales: torch.Tensor, *,
-                        variant: str | None = None, programs: int | None = None, hw: bool | None = None) -> None:
-    """h = silu(gate) * up (gate's dtype) and the codes/scales of gate and up (flattened), in one pass."""
+                        variant: str | None = None, programs: int | None = None, hw: bool | None = None,
+                        vec16: bool | None = None) -> None:
+    """h = silu(gate) * up (gate's dtype) and the codes/scales of gate and up (flattened), in one pass. ``vec16``:
+    the 16-lane tile (None: the launcher's rules for ``silu_mul_quant``; same bits either way)."""
     why = silu_mul_quant_unsupported(gate, up, spec)
     if why:
         raise ValueError(f"silu_mul_quant: {why}")
@@ -227,7 +287,7 @@ def silu_mul_quant_into(gate: torch.Tensor, up: torch.Tensor, spec, h: torch.Ten
         n, spec.num_blocks(n), la.n_tiles, KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"], BLOCK_P=la.block_p,
         QMAX=c["QMAX"], ROWS=la.rows, FLOAT=fk, HW=hw_, SILU=silu, SCALE=c.get("SCALE", 0),
         elut_ptr=elut, NF4_LUT=elut is not None, tab_ptr=silu_table(gate.dtype, gate.device) if silu == 2 else None,
-        enable_fp_fusion=False, **la.options)
+        enable_fp_fusion=False, **_tile_flag(la, spec, "silu_mul_quant", (gate_codes, up_codes), vec16), **la.options)
 
 
 @functools.cache
@@ -249,9 +309,10 @@ def sigmoid_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 def silu_mul_backward_into(dh: torch.Tensor, gate_codes: torch.Tensor, gate_scales: torch.Tensor,
                            up_codes: torch.Tensor, up_scales: torch.Tensor, spec, h: torch.Tensor,
                            dgate: torch.Tensor, dup: torch.Tensor, *, variant: str | None = None,
-                           programs: int | None = None, hw: bool | None = None) -> None:
+                           programs: int | None = None, hw: bool | None = None, vec16: bool | None = None) -> None:
     """From the kept codes of gate and up and dh = dL/dh: h = silu(g) * u, dup = dh * silu(g),
-    dgate = silu_backward(dh * u, g), all in dh's dtype (g, u = the decoded gate and up)."""
+    dgate = silu_backward(dh * u, g), all in dh's dtype (g, u = the decoded gate and up). ``vec16``: the 16-lane
+    tile (None: the launcher's rules for ``silu_mul_backward``; same bits either way)."""
     from agoq_triton_kernels.launch import nf4_lut
 
     why = silu_mul_backward_unsupported(dh, spec)
@@ -279,4 +340,5 @@ def silu_mul_backward_into(dh: torch.Tensor, gate_codes: torch.Tensor, gate_scal
         dv, gate_codes.view(torch.int8), gate_scales, up_codes.view(torch.int8), up_scales, nf4_lut(dh.device),
         silu_table(dh.dtype, dh.device) if silu == 2 else None, sig_t, *outs, n, spec.num_blocks(n), la.n_tiles, KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"],
         BLOCK_P=la.block_p, ROWS=la.rows, FLOAT=fk, HW=hw_, NF4_LUT=launcher.geometry.nf4_lut, SILU=silu, SIG=sig,
-        FMA=fma, enable_fp_fusion=False, **la.options)
+        FMA=fma, enable_fp_fusion=False, **_tile_flag(la, spec, "silu_mul_backward", (gate_codes, up_codes), vec16),
+        **la.options)

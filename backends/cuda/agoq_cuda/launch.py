@@ -73,7 +73,7 @@ VEC16_DEFAULTS: dict[tuple[str, str], bool] = {
     ("dequantize", f): False
     for f in ("int4", "int8", "fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4", "fp4_e2m1", "mxfp4")}
 
-_OPS = ("quantize", "dequantize", "accumulate", "reduce_requantize")
+_OPS = ("quantize", "dequantize", "accumulate", "reduce_requantize", "silu_mul_quant", "silu_mul_backward")
 
 
 def parse_vec16(text: str | None) -> dict[tuple[str, str], bool | None]:

@@ -52,7 +52,9 @@ def test_silu_every_16_bit_input(dtype, device):
 
 @pytest.mark.parametrize("fmt", ["nf4", "int4", "fp4_e2m1", "int5", "int6", "fp8_e4m3", "mxfp4", "mxfp8"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_forward_and_backward_match_unfused(fmt, dtype, device):
+@pytest.mark.parametrize("vec16", [False, True], ids=["generic", "vec16"])
+def test_forward_and_backward_match_unfused(fmt, dtype, vec16, device):
+    """Both tiles (the generic one and the codec kernels' 16-lane tile), every variant the device offers."""
     spec = get_format(fmt)
     gen = torch.Generator().manual_seed(3)
     rows, cols = 6, 256
@@ -67,7 +69,7 @@ def test_forward_and_backward_match_unfused(fmt, dtype, device):
     fwd_ok = []
     for v in silu_mul_quant_variants(gate.device):
         h = torch.empty_like(gate)
-        silu_mul_quant_into(gate, up, spec, h, *bufs, variant=v)
+        silu_mul_quant_into(gate, up, spec, h, *bufs, variant=v, vec16=vec16)
         for (c, s_), x in (((bufs[0], bufs[1]), gate), ((bufs[2], bufs[3]), up)):  # codes never vary
             rc, rs = ref.quantize_blocks(x.cpu(), spec)
             assert_bits_equal(c, rc, f"{fmt} codes ({v})")
@@ -81,7 +83,7 @@ def test_forward_and_backward_match_unfused(fmt, dtype, device):
     bwd_ok = []
     for v in silu_mul_backward_variants(dh.device):
         outs = [torch.empty_like(dh) for _ in range(3)]
-        silu_mul_backward_into(dh, *bufs, spec, *outs, variant=v)
+        silu_mul_backward_into(dh, *bufs, spec, *outs, variant=v, vec16=vec16)
         if all(_same(o, w) for o, w in zip(outs, want)):
             bwd_ok.append(v)
     assert fwd_ok and bwd_ok, (fwd_ok, bwd_ok)
@@ -129,3 +131,26 @@ def test_unsupported_calls_are_explained():
     assert "contiguous" in silu_mul_backward_unsupported(x.t(), spec)
     with pytest.raises(ValueError, match="unknown variant"):
         silu_mul_quant_into(x, x, spec, torch.empty_like(x), *_bufs(spec, x.numel(), "cpu"), variant="bogus")
+
+
+def test_the_16_lane_tile_is_taken_where_asked_and_allowed(device):
+    """vec16=True runs the 16-lane tile when the blocks and code buffers allow it, the generic tile otherwise;
+    vec16=None follows the launcher's rules (AGOQ_CUDA_VEC16)."""
+    from agoq_cuda.fused_swiglu import _launch_consts, _tile_flag
+    from agoq_cuda.launch import LAUNCHER
+
+    spec, n = get_format("int4"), 4 * 256
+    _, la, _, _ = _launch_consts(spec, n, torch.bfloat16, device, None, None)
+    c = torch.empty(spec.code_bytes(n) + 4, dtype=torch.uint8, device=device)
+    for op in ("silu_mul_quant", "silu_mul_backward"):
+        assert _tile_flag(la, spec, op, (c[:-4], c[4:]), True) == {"VEC16": True}
+        assert _tile_flag(la, spec, op, (c[:-4], c[1:-3]), True) == {}  # an int32 word of codes must be aligned
+        assert _tile_flag(la, spec, op, (c[:-4], c[4:]), False) == {}
+        assert _tile_flag(la, get_format("int4").with_block(8), op, (c[:-4], c[4:]), True) == {}  # block < 16
+    old = LAUNCHER.geometry.vec16_rules
+    try:
+        LAUNCHER.geometry.vec16_rules = {("silu_mul_backward", "*"): False}
+        assert _tile_flag(la, spec, "silu_mul_backward", (c[:-4], c[4:]), None) == {}
+        assert _tile_flag(la, spec, "silu_mul_quant", (c[:-4], c[4:]), None) == {"VEC16": True}
+    finally:
+        LAUNCHER.geometry.vec16_rules = old
