@@ -78,7 +78,7 @@ from agoq_core.planner.model import TransformerShape, model_shape
 __all__ = ["plan_budget", "BudgetPlan", "LayerOption", "layer_options", "solve_budget", "HeadCost", "head_cost",
            "DEFAULT_OPTIONS", "parse_option", "BUDGET_STATIC", "LAAQ_TRANSIENT_FIT", "plan_for_choices",
            "sequence_peak", "option_name", "load_layer_costs", "input_leaf_correction", "plan_options",
-           "costs_at_length"]
+           "costs_at_length", "SCALED_FROM"]
 
 Loss = Literal["chunked", "hf"]
 
@@ -174,8 +174,10 @@ def costs_at_length(costs: Mapping[str, Mapping], seq_len: int, shape: Transform
     if the profile has that length, else those of the nearest measured length L scaled to ``seq_len`` (returned
     note says so): bytes by seq_len / L (a layer's saved and transient bytes are per token, flash attention
     included), times by the analytic bf16 layer's time at seq_len over its time at L (agoq_core.scale.compute:
-    GEMMs linear, attention quadratic in the length). Scaled costs rank the options as the measured ones do; their
-    predicted peak is an extrapolation (check it against a run). ({}, None) when there are no costs at all."""
+    GEMMs linear, attention quadratic in the length). Scaled costs rank the options as the measured ones do, except
+    that an option measured faster than keeping the layer is not planned faster at the scaled length
+    (:func:`layer_options`; each scaled entry carries ``SCALED_FROM``); their predicted peak is an extrapolation
+    (check it against a run). ({}, None) when there are no costs at all."""
     from agoq_core.scale import compute as C
 
     if not costs:
@@ -195,7 +197,8 @@ def costs_at_length(costs: Mapping[str, Mapping], seq_len: int, shape: Transform
     out = {}
     for name, c in costs[str(near)].items():
         out[name] = {**c, "saved_bytes": int(round(c["saved_bytes"] * fb)),
-                     "transient_bytes": int(round(c["transient_bytes"] * fb)), "time_s": c["time_s"] * ft}
+                     "transient_bytes": int(round(c["transient_bytes"] * fb)), "time_s": c["time_s"] * ft,
+                     SCALED_FROM: near}
     return out, f"per-layer costs measured at {near} tokens, scaled to {seq_len} (bytes x {fb:.3g}, time x {ft:.3g})"
 
 
@@ -284,26 +287,29 @@ def layer_options(shape: TransformerShape, *, seq_len: int, batch: int = 1, devi
             codec = C._codec_s(dev, "quantize", fmt, T * h) + C._codec_s(dev, "dequantize", fmt, T * h)
             out.append(LayerOption(name, get_format(fmt).storage_bytes(T * h), plain + work + 2 * T * h,
                                    base + recompute + codec))
-    return _no_faster_than_keeping(out)
+    return _no_faster_than_keeping(out, {n for n, m in measured.items()
+                                         if isinstance(m, Mapping) and m.get(SCALED_FROM) is not None})
 
 
-#: Seconds a layer option that does more work than keeping the layer in 16 bits is predicted slower than it at least
-#: (:func:`_no_faster_than_keeping`): at equal measured time the plan keeps the layer.
+#: Key of a :func:`costs_at_length` entry scaled from another length (its value: that length).
+SCALED_FROM = "scaled_from"
+#: Seconds an option is planned slower than keeping the layer at least, where :func:`_no_faster_than_keeping` applies:
+#: at equal time the plan keeps the layer.
 KEEP_TIE_S = 1e-6
 
 
-def _no_faster_than_keeping(opts: list[LayerOption]) -> list[LayerOption]:
-    """Every option but ``bf16`` runs the bf16 layer's kernels and more (recomputation, codecs), so one measured
-    faster than ``bf16`` of the same build (eager or ``-c``) is measurement noise, not a speedup: its time is raised
-    to bf16's + :data:`KEEP_TIE_S`, and a plan keeps a layer in bf16 wherever that fits. (The 2026-12-02 float8
-    profile at 32K had LAAQ 1.6% faster than bf16 in one layer; scaled to 8K, that made the plan quantize every
-    layer where bf16 fit; its median step was 5% slower than float8 keeping every layer, docs/benchmarks.md
-    §5.5.) Slower options keep their time."""
+def _no_faster_than_keeping(opts: list[LayerOption], scaled: set[str]) -> list[LayerOption]:
+    """Options of ``scaled`` (costs scaled from another length) measured faster than keeping the layer in bf16 (same
+    build, eager or ``-c``) are planned at bf16's time + :data:`KEEP_TIE_S`, so the plan keeps layers in bf16 wherever
+    they fit. Whether LAAQ beats keeping a layer depends on the length: with float8 GEMMs on the H200 a LAAQ layer
+    measured 1.6% faster at 32K, and whole models at 1.04x at 16K but 0.96x at 8K (docs/benchmarks.md §5.5), which a
+    scaling of the 32K costs cannot tell apart -- planned from them, 8K quantized every layer and ran slower than
+    keeping them. Costs measured at the length itself are trusted as they are; slower options keep their time."""
     keep = {o.name: o.time_s for o in opts if o.kind in ("bf16", "bf16-c")}
     out = []
     for o in opts:
         k = keep.get("bf16-c" if o.kind.endswith("-c") else "bf16")
-        if k is not None and o.kind not in ("bf16", "bf16-c") and o.time_s < k + KEEP_TIE_S:
+        if o.name in scaled and k is not None and o.kind not in ("bf16", "bf16-c") and o.time_s < k + KEEP_TIE_S:
             o = dataclasses.replace(o, time_s=k + KEEP_TIE_S)
         out.append(o)
     return out

@@ -296,20 +296,26 @@ def test_loss_auto_keeps_the_models_loss_where_it_fits_and_is_faster():
         plan_budget("llama2-7b", budget="20GiB", seq_len=65536, loss="auto")
 
 
-def test_an_option_measured_faster_than_keeping_the_layer_is_not_planned_where_bf16_fits():
-    """Every option but bf16 does bf16's work and more: a profile that measured LAAQ faster (noise) must not make
-    the plan quantize layers that fit in bf16; under a budget bf16 does not fit, LAAQ still fills the gap."""
-    from agoq_core.planner.budget import KEEP_TIE_S, layer_options, plan_budget
+def test_an_option_measured_faster_than_keeping_the_layer_is_trusted_only_at_its_own_length():
+    """Measured at the length: an option faster than bf16 (LAAQ with float8 GEMMs can be) is planned as measured.
+    Scaled from another length: it is planned at bf16's time, so the plan keeps what fits in bf16; under a budget bf16
+    does not fit, LAAQ still fills the gap."""
+    from agoq_core.planner.budget import KEEP_TIE_S, SCALED_FROM, costs_at_length, layer_options, plan_budget
     from agoq_core.planner.model import model_shape
 
-    gib = 1 << 30
-    measured = {"bf16-c": {"saved_bytes": int(1.0 * gib), "transient_bytes": gib // 2, "time_s": 0.0260},
-                "laaq-c:nf4": {"saved_bytes": int(0.4 * gib), "transient_bytes": gib // 2, "time_s": 0.0255},
-                "ckpt-c": {"saved_bytes": gib // 16, "transient_bytes": gib, "time_s": 0.0330}}
-    opts = {o.name: o for o in layer_options(model_shape("llama2-7b"), seq_len=8192, options=list(measured), measured=measured)}
-    assert opts["laaq-c:nf4"].time_s == pytest.approx(0.0260 + KEEP_TIE_S)
-    assert opts["ckpt-c"].time_s == 0.0330 and opts["bf16-c"].time_s == 0.0260  # slower options keep their time
-    roomy = plan_budget("llama2-7b", budget="140GiB", seq_len=8192, options=list(measured), measured=measured)
+    gib, shape = 1 << 30, model_shape("llama2-7b")
+    at32 = {"bf16-c": {"saved_bytes": 4 * gib, "transient_bytes": 2 * gib, "time_s": 0.1033},
+            "laaq-c:nf4": {"saved_bytes": int(1.6 * gib), "transient_bytes": 2 * gib, "time_s": 0.1017},
+            "ckpt-c": {"saved_bytes": gib // 4, "transient_bytes": 4 * gib, "time_s": 0.1262}}
+    names = list(at32)
+    exact = plan_budget("llama2-7b", budget="140GiB", seq_len=32768, options=names, measured=at32)
+    assert set(exact.choices) == {"laaq-c:nf4"}  # measured at 32K: LAAQ is faster there, and it fits
+    at8, note = costs_at_length({"32768": at32}, 8192, shape)
+    assert note and all(v[SCALED_FROM] == 32768 for v in at8.values())
+    opts = {o.name: o for o in layer_options(shape, seq_len=8192, options=names, measured=at8)}
+    assert opts["laaq-c:nf4"].time_s == pytest.approx(at8["bf16-c"]["time_s"] + KEEP_TIE_S)
+    assert opts["ckpt-c"].time_s == at8["ckpt-c"]["time_s"] and opts["bf16-c"].time_s == at8["bf16-c"]["time_s"]
+    roomy = plan_budget("llama2-7b", budget="140GiB", seq_len=8192, options=names, measured=at8)
     assert set(roomy.choices) == {"bf16-c"}
-    tight = plan_budget("llama2-7b", budget="70GiB", seq_len=8192, options=list(measured), measured=measured)
+    tight = plan_budget("llama2-7b", budget="70GiB", seq_len=8192, options=names, measured=at8)
     assert "laaq-c:nf4" in tight.choices and "bf16-c" in tight.choices and tight.peak_bytes <= tight.usable_bytes
