@@ -51,9 +51,6 @@ def _signature(op: str, spec, lut: bool) -> dict:
 def compile_codec(op: str, fmt: str, arch: int = 90, nf4_lut: bool = True) -> dict:
     """Compile ``op`` for ``fmt`` as agoq-cuda would launch it on an H200 and count its SASS."""
     import torch
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler.compiler import ASTSource
 
     from agoq_core.formats.spec import get_format
     from agoq_cuda.launch import CudaGeometry
@@ -82,6 +79,17 @@ def compile_codec(op: str, fmt: str, arch: int = 90, nf4_lut: bool = True) -> di
         if sig.get(k) == "constexpr":
             c[k] = None
     c = {k: v for k, v in c.items() if k in fn.arg_names}
+    rec = {"op": op, "fmt": fmt, "rows": la.rows}
+    return _compile_and_count(fn, sig, c, la.options["num_warps"], la.rows * spec.block, arch, rec)
+
+
+def _compile_and_count(fn, sig: dict, c: dict, warps: int, elems: int, arch: int, rec: dict) -> dict:
+    """Compile ``fn`` (signature ``sig``, constexprs ``c``) for sm_``arch`` and count its SASS per element
+    (``elems`` elements per loop iteration of the whole program)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import ASTSource
+
     for prm in fn.params:  # defaults the JIT would fill in (SCALE=0, ...)
         if prm.name not in sig and prm.name not in c:
             c[prm.name] = prm.default
@@ -91,13 +99,11 @@ def compile_codec(op: str, fmt: str, arch: int = 90, nf4_lut: bool = True) -> di
     attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in sig
              if sig[k].startswith("*") or k in ("codes_stride", "scales_stride")}
     src = ASTSource(fn, {k: sig.get(k, "constexpr") for k in fn.arg_names}, c, attrs)
-    ck = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                        options={"num_warps": la.options["num_warps"], "enable_fp_fusion": False})
-    elems = la.rows * spec.block
-    threads = 32 * la.options["num_warps"]
-    rec = {"op": op, "fmt": fmt, "rows": la.rows, "warps": la.options["num_warps"], "elements_per_tile": elems,
-           "ptx_lines": sum(1 for ln in ck.asm["ptx"].splitlines() if ln.strip().endswith(";")),
-           "registers": getattr(ck, "n_regs", None), "shared_bytes": ck.metadata.shared}
+    ck = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, "enable_fp_fusion": False})
+    threads = 32 * warps
+    rec.update({"warps": warps, "elements_per_tile": elems,
+                "ptx_lines": sum(1 for ln in ck.asm["ptx"].splitlines() if ln.strip().endswith(";")),
+                "registers": getattr(ck, "n_regs", None), "shared_bytes": ck.metadata.shared})
     sass = _sass(ck.asm["cubin"])
     if sass is not None:
         ins = _parse(sass)
@@ -109,6 +115,62 @@ def compile_codec(op: str, fmt: str, arch: int = 90, nf4_lut: bool = True) -> di
         rec["loop_opcodes"] = dict(collections.Counter(_opcode(t) for _, t in body).most_common())
         rec["_sass"] = sass
     return rec
+
+
+#: The fused kernels (``--fused``), compiled with the variant LAAQ keeps first on the H200.
+FUSED_OPS = ("silu_mul_quant", "silu_mul_backward", "rmsnorm_quant")
+
+
+def compile_fused(op: str, fmt: str, vec16: bool, arch: int = 90, hidden: int = 4096) -> dict:
+    """Compile a fused kernel of agoq-cuda (FUSED_OPS) for sm_90 on the generic or the 16-lane tile, as it is
+    launched on an H200 (bf16; SiLU&Mul: variants ``libdevice`` / ``table_fma``, the codec geometry's rows and
+    warps; RMSNorm: variant ``tree``, one ``hidden``-element token row per loop iteration), and count its SASS."""
+    import torch
+
+    from agoq_core.formats.spec import get_format
+    from agoq_cuda import fused_norm, fused_swiglu
+    from agoq_cuda.launch import CudaGeometry
+    from agoq_triton_kernels.layout import FLOAT_BF16, format_constexprs
+
+    spec = get_format(fmt)
+    c = format_constexprs(kind=spec.kind, bits=spec.bits, block=spec.block, qmax=spec.qmax,
+                          scale_kind=spec.scale_kind)
+    lut = spec.kind == "nf4"
+    c.update(HW=True, NF4_LUT=lut, FLOAT=FLOAT_BF16, VEC16=bool(vec16) and spec.block >= 16)
+    p16, p32, i8 = "*i16", "*fp32", "*i8"
+    if op == "rmsnorm_quant":
+        fn, warps, elems = fused_norm._rmsnorm_quant_kernel, 8 if hidden <= 8192 else 16, hidden
+        order, rsq = fused_norm.VARIANTS["tree"]
+        c.update(H=hidden, NBR=hidden // spec.block, ORDER=order, RSQRT=rsq, LANES=32, LOG_LANES=5, WRITE_R=0,
+                 r_ptr=None)
+        sig = {"x_ptr": p16, "w_ptr": p16, "y_ptr": p16, "codes_ptr": i8, "scales_ptr": p32, "M": "i32",
+               "eps": "fp32", "ts_ptr": p32 if spec.tensor_scaled else "constexpr",
+               "elut_ptr": "*i64" if lut else "constexpr"}
+    else:
+        la = CudaGeometry().plan("quantize", spec, 1 << 30, torch.bfloat16, torch.device("cuda"), rows=None,
+                                 programs=132)
+        fn, warps, elems = None, la.options["num_warps"], la.rows * spec.block
+        c.update(ROWS=la.rows, BLOCK_P=la.block_p)
+        sizes = {"n": "i32", "n_blocks": "i32", "n_tiles": "i32"}
+        if op == "silu_mul_quant":
+            fn = fused_swiglu._silu_mul_quant_kernel
+            c.update(SILU=fused_swiglu.FORWARD_VARIANTS["libdevice"], tab_ptr=None)
+            sig = {"g_ptr": p16, "u_ptr": p16, "h_ptr": p16, "gc_ptr": i8, "gs_ptr": p32, "uc_ptr": i8,
+                   "us_ptr": p32, **sizes, "elut_ptr": "*i64" if lut else "constexpr"}
+        elif op == "silu_mul_backward":
+            fn = fused_swiglu._silu_mul_backward_kernel
+            silu, sig_, fma = fused_swiglu.BACKWARD_VARIANTS["table_fma"]
+            c.update(SILU=silu, SIG=sig_, FMA=fma)
+            sig = {"dh_ptr": p16, "gc_ptr": i8, "gs_ptr": p32, "uc_ptr": i8, "us_ptr": p32, "lut_ptr": p32,
+                   "tab_ptr": p32, "sig_ptr": p32, "h_ptr": p16, "dg_ptr": p16, "du_ptr": p16, **sizes}
+        else:
+            raise ValueError(f"unknown fused op {op!r}; known: {', '.join(FUSED_OPS)}")
+    for k in ("elut_ptr", "ts_ptr"):
+        if sig.get(k) == "constexpr":
+            c[k] = None
+    c = {k: v for k, v in c.items() if k in fn.arg_names}
+    rec = {"op": op, "fmt": fmt, "tile": "vec16" if c.get("VEC16") else "generic", "rows": elems // spec.block}
+    return _compile_and_count(fn, sig, c, warps, elems, arch, rec)
 
 
 def _parse(sass: str) -> list[tuple[int, str]]:
@@ -170,8 +232,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ops-histogram", action="store_true", help="print the loop body's opcode counts")
     ap.add_argument("--no-nf4-lut", action="store_true",
                     help="compile nf4 with NF4_LUT=False (compare/select encode and decode, as agoq-ascend launches)")
+    ap.add_argument("--fused", action="store_true",
+                    help=f"compile the fused kernels instead ({', '.join(FUSED_OPS)}; --ops picks among them), "
+                         "each on the generic and the 16-lane tile")
     a = ap.parse_args(argv)
     from agoq_core.formats.spec import get_format
+
+    if a.fused:
+        ops = [o for o in a.ops if o in FUSED_OPS] or list(FUSED_OPS)
+        print(f"{'op':18} {'format':9} {'tile':8} {'warps':>5} {'regs':>4} {'loop/elem':>9} {'cubin/elem':>10}")
+        recs = []
+        for f in a.formats:
+            for op in ops:
+                if op != "rmsnorm_quant" and get_format(f).tensor_scaled:
+                    continue  # the fused SiLU&Mul is block-local only
+                for vec16 in (False, True):
+                    r = compile_fused(op, f, vec16)
+                    r.pop("_sass", None)
+                    recs.append(r)
+                    print(f"{op:18} {f:9} {r['tile']:8} {r['warps']:>5} {r['registers'] or '-':>4} "
+                          f"{r.get('loop_per_element', '-'):>9} {r.get('sass_per_element', '-'):>10}", flush=True)
+        if a.json:
+            with open(a.json, "w") as fh:
+                json.dump(recs, fh, indent=1)
+        return 0
 
     recs = []
     print(f"{'op':18} {'format':9} {'rows':>4} {'warps':>5} {'regs':>4} {'loop/elem':>9} {'cubin/elem':>10}")

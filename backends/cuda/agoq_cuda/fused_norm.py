@@ -23,7 +23,8 @@ import triton.language as tl
 
 from agoq_triton_kernels.buffers import check_codec_buffers, float_view
 from agoq_triton_kernels.codes import bf16_bits_to_f32, f32_to_bf16_bits
-from agoq_triton_kernels.kernels import _load_f32, _store_f32, quantize_tile, store_codes
+from agoq_triton_kernels.kernels import (_load_f32, _quantize16, _store_codes16, _store_f32, _tile16, quantize_tile,
+                                         store_codes)
 from agoq_triton_kernels.layout import format_constexprs, next_pow2
 
 __all__ = ["rmsnorm_quant_unsupported", "rmsnorm_quant_into", "rmsnorm_quant_variants", "VARIANTS"]
@@ -70,37 +71,64 @@ def _row_sum_squares(x_ptr, x, base, H: tl.constexpr, FLOAT: tl.constexpr, ORDER
         return tl.sum(tl.sum(x * x, axis=1), axis=0)
 
 
+@triton.jit
+def _normalized(x, r, w, FLOAT: tl.constexpr):
+    """w * round_dtype(x * r) in fp32 (HF LlamaRMSNorm: h.to(input_dtype), then the 16-bit product)."""
+    h = x * r
+    if FLOAT == 1:  # round to bf16 like h.to(input_dtype), then the bf16 x bf16 product
+        h = bf16_bits_to_f32(f32_to_bf16_bits(h))
+    elif FLOAT == 2:
+        h = h.to(tl.float16).to(tl.float32)
+    return w * h
+
+
 @triton.jit(do_not_specialize=["M"])
 def _rmsnorm_quant_kernel(x_ptr, w_ptr, y_ptr, codes_ptr, scales_ptr, M, eps, ts_ptr, r_ptr,
                           H: tl.constexpr, NBR: tl.constexpr, KIND: tl.constexpr, BITS: tl.constexpr,
                           BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, QMAX: tl.constexpr, HW: tl.constexpr,
                           FLOAT: tl.constexpr, SCALE: tl.constexpr = 0, ORDER: tl.constexpr = 0,
                           RSQRT: tl.constexpr = 0, LANES: tl.constexpr = 32, LOG_LANES: tl.constexpr = 5,
-                          WRITE_R: tl.constexpr = 0, elut_ptr=None, NF4_LUT: tl.constexpr = False):
+                          WRITE_R: tl.constexpr = 0, elut_ptr=None, NF4_LUT: tl.constexpr = False,
+                          VEC16: tl.constexpr = False):
     j = tl.arange(0, NBR)
-    lanes = tl.arange(0, BLOCK_P)
-    col = j[:, None] * BLOCK + lanes[None, :]
-    w = _load_f32(w_ptr, col, col < H, FLOAT)
+    if VEC16:  # the codec kernels' 16-lane tile: [BLOCK // 16, NBR, 8] halves of each 16-element group
+        _, _, wcol, _ = _tile16(0, NBR, NBR, BLOCK)
+        wa = _load_f32(w_ptr, wcol, wcol < H, FLOAT)
+        wb = _load_f32(w_ptr, wcol + 8, wcol < H, FLOAT)
+    else:
+        lanes = tl.arange(0, BLOCK_P)
+        col = j[:, None] * BLOCK + lanes[None, :]
+        w = _load_f32(w_ptr, col, col < H, FLOAT)
     t = tl.program_id(0)
     while t < M:
-        rows = t * NBR + j  # global block indices of this token row
-        ok = j < NBR
-        elem = rows[:, None] * BLOCK + lanes[None, :]
-        x = _load_f32(x_ptr, elem, col < H, FLOAT)
-        codes, scale = quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT, HW, SCALE, ts_ptr)
-        store_codes(codes_ptr, codes, rows, ok, elem, col < H, M * H, NBR, BITS, BLOCK, BLOCK_P, False)
+        if VEC16:
+            rows, ok, off, m = _tile16(t, M * NBR, NBR, BLOCK)  # the NBR blocks of token row t
+            xa = _load_f32(x_ptr, off, m, FLOAT)
+            xb = _load_f32(x_ptr, off + 8, m, FLOAT)
+            ca, cb, scale = _quantize16(xa, xb, elut_ptr, NBR, KIND, BITS, QMAX, BLOCK, NF4_LUT, HW, SCALE, ts_ptr)
+            _store_codes16(codes_ptr, ca, cb, rows, ok, ~(scale > 0.0), NBR, KIND, BITS, BLOCK)
+            if ORDER == 1:
+                ss = _row_sum_squares(x_ptr, xa, t * H, H, FLOAT, ORDER, LANES, LOG_LANES)
+            else:  # Triton's tree over the tile (like ORDER 0 of the generic tile, in this tile's order)
+                ss = tl.sum(tl.sum(tl.sum(xa * xa + xb * xb, axis=2), axis=1), axis=0)
+        else:
+            rows = t * NBR + j  # global block indices of this token row
+            ok = j < NBR
+            elem = rows[:, None] * BLOCK + lanes[None, :]
+            x = _load_f32(x_ptr, elem, col < H, FLOAT)
+            codes, scale = quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT, HW, SCALE, ts_ptr)
+            store_codes(codes_ptr, codes, rows, ok, elem, col < H, M * H, NBR, BITS, BLOCK, BLOCK_P, False)
+            ss = _row_sum_squares(x_ptr, x, t * H, H, FLOAT, ORDER, LANES, LOG_LANES)
         tl.store(scales_ptr + rows, scale)
-        ss = _row_sum_squares(x_ptr, x, t * H, H, FLOAT, ORDER, LANES, LOG_LANES)
         # mean = ss / H (H a power of two: exact, = torch's ss * (1/H)); + eps in fp32; then the rsqrt
         r = _rsqrt(tl.math.div_rn(ss, H * 1.0) + eps, RSQRT)
         if WRITE_R == 1:  # the per-row inverse RMS, for LAAQ's run-time check (agoq_core.laaq.fusion)
             tl.store(r_ptr + t, r)
-        h = x * r
-        if FLOAT == 1:  # round to bf16 like h.to(input_dtype), then the bf16 x bf16 product
-            h = bf16_bits_to_f32(f32_to_bf16_bits(h))
-        elif FLOAT == 2:
-            h = h.to(tl.float16).to(tl.float32)
-        _store_f32(y_ptr, elem, w * h, col < H, FLOAT, HW)
+        if VEC16:
+            _store_f32(y_ptr, off, _normalized(xa, r, wa, FLOAT), m, FLOAT, HW)
+            _store_f32(y_ptr, off + 8, _normalized(xb, r, wb, FLOAT), m, FLOAT, HW)
+        else:
+            _store_f32(y_ptr, elem, _normalized(x, r, w, FLOAT), col < H, FLOAT, HW)
         t += tl.num_programs(0)
 
 
@@ -143,11 +171,15 @@ def rmsnorm_quant_variants(device: torch.device) -> tuple[str, ...]:
 
 def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, y: torch.Tensor,
                        codes: torch.Tensor, scales: torch.Tensor, *, variant: str | None = None,
-                       rinv: torch.Tensor | None = None, hw: bool | None = None, programs: int | None = None) -> None:
+                       rinv: torch.Tensor | None = None, hw: bool | None = None, programs: int | None = None,
+                       vec16: bool | None = None) -> None:
     """y = RMSNorm(x) * weight (x.dtype), (codes, scales) = Q_spec(x flattened), in one pass over x.
     ``variant``: how y's sum of squares and rsqrt are computed (VARIANTS; default: the first of
     rmsnorm_quant_variants). ``rinv``: if given, a float32 [rows] tensor that receives each row's inverse
-    RMS ``r`` (y = round(w * round(x * r))): what LAAQ's run-time check explains a differing row with."""
+    RMS ``r`` (y = round(w * round(x * r))): what LAAQ's run-time check explains a differing row with.
+    ``vec16``: the codec kernels' 16-lane tile (None: the launcher's rules; off unless AGOQ_CUDA_VEC16 asks for
+    ``rmsnorm_quant``, not yet timed on a GPU). Same codes, and the same ``y`` for the torch-order variants; ``tree``
+    sums in the tile's order, so its ``y`` may differ from the generic tile's where the sum rounds differently."""
     why = rmsnorm_quant_unsupported(x, weight, spec)
     if why:
         raise ValueError(f"rmsnorm_quant: {why}")
@@ -157,7 +189,7 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
     order, rsq = VARIANTS[variant]
     if rsq and x.device.type == "cpu":
         raise ValueError(f"rmsnorm_quant: variant {variant!r} needs a GPU (rsqrt.approx.f32)")
-    from agoq_cuda.launch import LAUNCHER  # the plugin's geometry decides HW
+    from agoq_cuda.launch import LAUNCHER, fused_vec16  # the plugin's geometry decides HW and the tile
 
     n, h = x.numel(), x.shape[-1]
     check_codec_buffers(spec, n, codes, scales, x.device, "rmsnorm_quant")
@@ -186,4 +218,5 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
         xv, wv, yv, codes.view(torch.int8), scales, m, float(eps), LAUNCHER.tensor_scale(spec, x), rinv, H=h, NBR=h // spec.block, KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"],
         BLOCK_P=c["BLOCK_P"], QMAX=c["QMAX"], HW=hw_, FLOAT=fk, SCALE=c.get("SCALE", 0), ORDER=order,
         RSQRT=rsq, LANES=lanes, LOG_LANES=lanes.bit_length() - 1, WRITE_R=int(rinv is not None),
-        elut_ptr=elut, NF4_LUT=elut is not None, enable_fp_fusion=False, **extra)
+        elut_ptr=elut, NF4_LUT=elut is not None, enable_fp_fusion=False,
+        **fused_vec16("rmsnorm_quant", spec, (codes,), writes=True, vec16=vec16), **extra)

@@ -33,13 +33,13 @@ Flat tensors of whole blocks (N % block == 0), bf16 or fp16, block-local formats
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import torch
 import triton
 import triton.language as tl
 
+from agoq_cuda.launch import fused_vec16
 from agoq_triton_kernels.buffers import check_codec_buffers, float_view
 from agoq_triton_kernels.codes import bf16_bits_to_f32, f32_to_bf16_bits
 from agoq_triton_kernels.kernels import (_dequantize16, _load_f32, _quantize16, _store_codes16, _store_f32, _tile, _tile16,
@@ -240,21 +240,6 @@ def _launch_consts(spec, n: int, dtype: torch.dtype, device: torch.device, progr
     return c, la, LAUNCHER.geometry.hw(device, hw), LAUNCHER
 
 
-def _tile_flag(la, spec, op: str, codes: tuple[torch.Tensor, ...], vec16: bool | None) -> dict:
-    """{"VEC16": True} where ``op`` runs on the codec kernels' 16-lane tile: asked for (``vec16``; None: the
-    launcher's rules, AGOQ_CUDA_VEC16 / agoq_cuda.launch.VEC16_DEFAULTS, where ``op`` is the fused op's name) and
-    allowed (whole power-of-two blocks >= 16, code buffers aligned for the packed words); else {} (generic tile)."""
-    from agoq_cuda.launch import LAUNCHER
-    from agoq_triton_kernels.launch import _vec16
-
-    want = LAUNCHER.geometry.vec16_for(op, spec) if vec16 is None else bool(vec16)
-    if not (want and la.block_p == spec.block >= 16):
-        return {}
-    la = dataclasses.replace(la, vec16=True)
-    codec_op = "quantize" if op == "silu_mul_quant" else "dequantize"  # writes codes / only reads them
-    return {"VEC16": True} if all(_vec16(la, spec, False, c, op=codec_op) for c in codes) else {}
-
-
 def silu_mul_quant_into(gate: torch.Tensor, up: torch.Tensor, spec, h: torch.Tensor, gate_codes: torch.Tensor,
                         gate_scales: torch.Tensor, up_codes: torch.Tensor, up_scales: torch.Tensor, *,
                         variant: str | None = None, programs: int | None = None, hw: bool | None = None,
@@ -287,7 +272,7 @@ def silu_mul_quant_into(gate: torch.Tensor, up: torch.Tensor, spec, h: torch.Ten
         n, spec.num_blocks(n), la.n_tiles, KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"], BLOCK_P=la.block_p,
         QMAX=c["QMAX"], ROWS=la.rows, FLOAT=fk, HW=hw_, SILU=silu, SCALE=c.get("SCALE", 0),
         elut_ptr=elut, NF4_LUT=elut is not None, tab_ptr=silu_table(gate.dtype, gate.device) if silu == 2 else None,
-        enable_fp_fusion=False, **_tile_flag(la, spec, "silu_mul_quant", (gate_codes, up_codes), vec16), **la.options)
+        enable_fp_fusion=False, **fused_vec16("silu_mul_quant", spec, (gate_codes, up_codes), writes=True, vec16=vec16), **la.options)
 
 
 @functools.cache
@@ -340,5 +325,6 @@ def silu_mul_backward_into(dh: torch.Tensor, gate_codes: torch.Tensor, gate_scal
         dv, gate_codes.view(torch.int8), gate_scales, up_codes.view(torch.int8), up_scales, nf4_lut(dh.device),
         silu_table(dh.dtype, dh.device) if silu == 2 else None, sig_t, *outs, n, spec.num_blocks(n), la.n_tiles, KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"],
         BLOCK_P=la.block_p, ROWS=la.rows, FLOAT=fk, HW=hw_, NF4_LUT=launcher.geometry.nf4_lut, SILU=silu, SIG=sig,
-        FMA=fma, enable_fp_fusion=False, **_tile_flag(la, spec, "silu_mul_backward", (gate_codes, up_codes), vec16),
+        FMA=fma, enable_fp_fusion=False, **fused_vec16("silu_mul_backward", spec, (gate_codes, up_codes), writes=False,
+                                                          vec16=vec16),
         **la.options)

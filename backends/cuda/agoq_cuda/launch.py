@@ -69,11 +69,20 @@ def geometry(block_p: int, n_blocks: int, device: torch.device, *, rows: int | N
 # 97.2/91.3), and the 16-lane dequantize of 4-bit codes that gives each thread one code word per 8 outputs won for
 # nf4 only (14:52: nf4 65.7/89.3; int4 96.4/96.2, fp4_e2m1 96.3/96.3, mxfp4 97.0/96.8, nvfp4 97.1/97.2 -> ties, kept
 # generic). Entries here overrule the rule.
+# The fused SiLU&Mul kernels (agoq_cuda.fused_swiglu) were timed faster on the 16-lane tile for int4 and nf4 (15:24,
+# bench_swiglu_tiles.py); for 8-bit codes the backward's 16-lane decode compiles to more instructions per element
+# than the generic one (python -m agoq_cuda.codec_isa --fused: int8 76.9 vs 73.8, fp8 74.3 vs 62.9, mxfp8 74.3 vs
+# 60.3; a static count, not a timing), as the 8-bit dequantize above does, so it stays on the generic tile there.
 VEC16_DEFAULTS: dict[tuple[str, str], bool] = {
-    ("dequantize", f): False
-    for f in ("int4", "int8", "fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4", "fp4_e2m1", "mxfp4")}
+    **{("dequantize", f): False
+       for f in ("int4", "int8", "fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4", "fp4_e2m1", "mxfp4")},
+    **{("silu_mul_backward", f): False for f in ("int8", "fp8_e4m3", "fp8_e5m2", "mxfp8")}}
 
-_OPS = ("quantize", "dequantize", "accumulate", "reduce_requantize", "silu_mul_quant", "silu_mul_backward")
+#: Ops whose 16-lane tile is off unless asked for (AGOQ_CUDA_VEC16=rmsnorm_quant=1): not yet timed on a GPU.
+VEC16_OFF_BY_DEFAULT = frozenset({"rmsnorm_quant"})
+
+_OPS = ("quantize", "dequantize", "accumulate", "reduce_requantize", "silu_mul_quant", "silu_mul_backward",
+        "rmsnorm_quant")
 
 
 def parse_vec16(text: str | None) -> dict[tuple[str, str], bool | None]:
@@ -131,6 +140,8 @@ class CudaGeometry:
         d = VEC16_DEFAULTS.get((op, spec.name))
         if d is not None:
             return d
+        if op in VEC16_OFF_BY_DEFAULT:
+            return False
         # sm_90 SASS: 4/5/6-bit reduce_requantize grew with the 16-lane tile (its unpacking is redone for every rank)
         return op != "reduce_requantize" or spec.bits == 8
 
@@ -159,3 +170,19 @@ quantize = LAUNCHER.quantize
 dequantize = LAUNCHER.dequantize
 accumulate = LAUNCHER.accumulate
 reduce_requantize = LAUNCHER.reduce_requantize
+
+
+def fused_vec16(op: str, spec, codes, *, writes: bool, vec16: bool | None = None) -> dict:
+    """{"VEC16": True} where a fused kernel (``op``: silu_mul_quant, silu_mul_backward, rmsnorm_quant) runs on the
+    codec kernels' 16-lane tile: asked for (``vec16``; None: the rules, AGOQ_CUDA_VEC16 / VEC16_DEFAULTS) and
+    allowed (whole power-of-two blocks >= 16; each buffer of ``codes`` aligned for the packed words it is read as,
+    or written as when ``writes``); else {} (the generic tile)."""
+    from agoq_triton_kernels.launch import _vec16
+
+    want = LAUNCHER.geometry.vec16_for(op, spec) if vec16 is None else bool(vec16)
+    if not want or spec.block < 16 or spec.block & (spec.block - 1):
+        return {}
+    la = Launch(grid=1, rows=1, block_p=spec.block, n_tiles=1, vec16=True)
+    codec_op = "quantize" if writes else "dequantize"
+    return {"VEC16": True} if all(_vec16(la, spec, False, c, op=codec_op) for c in codes) else {}
+

@@ -22,7 +22,8 @@ def _hf_rmsnorm(x, w, eps):
 
 @pytest.mark.parametrize("fmt", ["int4", "nf4", "fp4_e2m1", "int5", "mxfp4", "nvfp4", "fp8_e4m3"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_rmsnorm_quant_matches_unfused(fmt, dtype, device):
+@pytest.mark.parametrize("vec16", [False, True], ids=["generic", "vec16"])
+def test_rmsnorm_quant_matches_unfused(fmt, dtype, vec16, device):
     spec = get_format(fmt)
     h = 256 if spec.block <= 128 else 512
     g = torch.Generator().manual_seed(7)
@@ -32,7 +33,7 @@ def test_rmsnorm_quant_matches_unfused(fmt, dtype, device):
     y = torch.empty_like(x, device=device)
     codes = torch.full((spec.code_bytes(x.numel()),), 0xA5, dtype=torch.uint8, device=device)
     scales = torch.full((spec.num_blocks(x.numel()),), -7.0, device=device)
-    rmsnorm_quant_into(x.to(device), w.to(device), 1e-5, spec, y, codes, scales)
+    rmsnorm_quant_into(x.to(device), w.to(device), 1e-5, spec, y, codes, scales, vec16=vec16)
     want_c, want_s = ref.quantize_blocks(x, spec)
     assert_bits_equal(codes, want_c, "codes")
     assert_bits_equal(scales, want_s, "scales")
@@ -75,7 +76,8 @@ def _torch_cuda_order_rmsnorm(x, w, eps):
 
 @pytest.mark.parametrize("h", [256, 2048])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_torch_cuda_order_variant_is_bit_exact(h, dtype, device):
+@pytest.mark.parametrize("vec16", [False, True], ids=["generic", "vec16"])
+def test_torch_cuda_order_variant_is_bit_exact(h, dtype, vec16, device):
     """The variant LAAQ tries first on a GPU computes torch's CUDA summation order (here with the
     correctly rounded 1/sqrt the interpreter has); y equals the emulation bit for bit."""
     spec = get_format("nf4")
@@ -85,7 +87,7 @@ def test_torch_cuda_order_variant_is_bit_exact(h, dtype, device):
     y = torch.empty_like(x, device=device)
     codes = torch.empty(spec.code_bytes(x.numel()), dtype=torch.uint8, device=device)
     scales = torch.empty(spec.num_blocks(x.numel()), device=device)
-    rmsnorm_quant_into(x.to(device), w.to(device), 1e-5, spec, y, codes, scales, variant="torch_cuda_rn")
+    rmsnorm_quant_into(x.to(device), w.to(device), 1e-5, spec, y, codes, scales, variant="torch_cuda_rn", vec16=vec16)
     assert_bits_equal(y, _torch_cuda_order_rmsnorm(x, w, 1e-5), "y")
     want_c, want_s = ref.quantize_blocks(x, spec)
     assert_bits_equal(codes, want_c, "codes")

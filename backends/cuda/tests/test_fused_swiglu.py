@@ -133,24 +133,27 @@ def test_unsupported_calls_are_explained():
         silu_mul_quant_into(x, x, spec, torch.empty_like(x), *_bufs(spec, x.numel(), "cpu"), variant="bogus")
 
 
-def test_the_16_lane_tile_is_taken_where_asked_and_allowed(device):
+def test_the_16_lane_tile_is_taken_where_asked_and_allowed():
     """vec16=True runs the 16-lane tile when the blocks and code buffers allow it, the generic tile otherwise;
-    vec16=None follows the launcher's rules (AGOQ_CUDA_VEC16)."""
-    from agoq_cuda.fused_swiglu import _launch_consts, _tile_flag
-    from agoq_cuda.launch import LAUNCHER
+    vec16=None follows the launcher's rules (AGOQ_CUDA_VEC16; the fused norm's tile is off unless asked for)."""
+    from agoq_cuda.launch import LAUNCHER, fused_vec16
 
     spec, n = get_format("int4"), 4 * 256
-    _, la, _, _ = _launch_consts(spec, n, torch.bfloat16, device, None, None)
-    c = torch.empty(spec.code_bytes(n) + 4, dtype=torch.uint8, device=device)
-    for op in ("silu_mul_quant", "silu_mul_backward"):
-        assert _tile_flag(la, spec, op, (c[:-4], c[4:]), True) == {"VEC16": True}
-        assert _tile_flag(la, spec, op, (c[:-4], c[1:-3]), True) == {}  # an int32 word of codes must be aligned
-        assert _tile_flag(la, spec, op, (c[:-4], c[4:]), False) == {}
-        assert _tile_flag(la, get_format("int4").with_block(8), op, (c[:-4], c[4:]), True) == {}  # block < 16
+    c = torch.empty(spec.code_bytes(n) + 4, dtype=torch.uint8)
+    for op, writes in (("silu_mul_quant", True), ("silu_mul_backward", False), ("rmsnorm_quant", True)):
+        assert fused_vec16(op, spec, (c[:-4], c[4:]), writes=writes, vec16=True) == {"VEC16": True}
+        assert fused_vec16(op, spec, (c[:-4], c[1:-3]), writes=writes, vec16=True) == {}  # int32 words: aligned
+        assert fused_vec16(op, spec, (c[:-4], c[4:]), writes=writes, vec16=False) == {}
+        assert fused_vec16(op, spec.with_block(8), (c[:-4], c[4:]), writes=writes, vec16=True) == {}  # block < 16
+    i8 = get_format("int8")
+    assert fused_vec16("silu_mul_backward", i8, (c[1:],), writes=False, vec16=True) == {"VEC16": True}  # read as bytes
+    assert fused_vec16("silu_mul_quant", i8, (c[1:],), writes=True, vec16=True) == {}  # written as int32 words
+    assert fused_vec16("rmsnorm_quant", spec, (c[:-4],), writes=True) == {}  # not timed on a GPU yet: opt-in
     old = LAUNCHER.geometry.vec16_rules
     try:
-        LAUNCHER.geometry.vec16_rules = {("silu_mul_backward", "*"): False}
-        assert _tile_flag(la, spec, "silu_mul_backward", (c[:-4], c[4:]), None) == {}
-        assert _tile_flag(la, spec, "silu_mul_quant", (c[:-4], c[4:]), None) == {"VEC16": True}
+        LAUNCHER.geometry.vec16_rules = {("silu_mul_backward", "*"): False, ("rmsnorm_quant", "*"): True}
+        assert fused_vec16("silu_mul_backward", spec, (c[:-4], c[4:]), writes=False) == {}
+        assert fused_vec16("silu_mul_quant", spec, (c[:-4], c[4:]), writes=True) == {"VEC16": True}
+        assert fused_vec16("rmsnorm_quant", spec, (c[:-4],), writes=True) == {"VEC16": True}
     finally:
         LAUNCHER.geometry.vec16_rules = old

@@ -1,0 +1,27 @@
+"""The fused kernels compile for sm_90 through Triton's real NVIDIA pipeline on both tiles (the interpreter the other
+tests run in accepts programs the compiler rejects), and the 16-lane tile's loop is the shorter one where it is the
+default (a static count: ``python -m agoq_cuda.codec_isa --fused``)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def test_fused_kernels_compile_for_sm90_on_both_tiles(tmp_path):
+    pytest.importorskip("triton.backends.nvidia")
+    out = tmp_path / "fused.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the compiler, not the interpreter
+    r = subprocess.run([sys.executable, "-m", "agoq_cuda.codec_isa", "--fused", "--formats", "int4", "nf4",
+                        "--json", str(out)], env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = {(x["op"], x["fmt"], x["tile"]): x for x in json.loads(out.read_text())}
+    assert len(recs) == 12  # 3 ops x 2 formats x 2 tiles
+    if "loop_per_element" not in next(iter(recs.values())):
+        pytest.skip("cuobjdump not available: compiled, not counted")
+    for op in ("silu_mul_quant", "silu_mul_backward", "rmsnorm_quant"):
+        for fmt in ("int4", "nf4"):
+            assert recs[(op, fmt, "vec16")]["loop_per_element"] < recs[(op, fmt, "generic")]["loop_per_element"], op
