@@ -72,11 +72,14 @@ def _row_sum_squares(x_ptr, x, base, H: tl.constexpr, FLOAT: tl.constexpr, ORDER
 
 
 @triton.jit
-def _normalized(x, r, w, FLOAT: tl.constexpr):
+def _normalized(x, r, w, FLOAT: tl.constexpr, HW: tl.constexpr):
     """w * round_dtype(x * r) in fp32 (HF LlamaRMSNorm: h.to(input_dtype), then the 16-bit product)."""
     h = x * r
     if FLOAT == 1:  # round to bf16 like h.to(input_dtype), then the bf16 x bf16 product
-        h = bf16_bits_to_f32(f32_to_bf16_bits(h))
+        if HW:  # cvt.rn.bf16.f32 (sm_89+), as the stores round
+            h = h.to(tl.bfloat16).to(tl.float32)
+        else:  # the interpreter's bf16 cast truncates: integer RNE
+            h = bf16_bits_to_f32(f32_to_bf16_bits(h))
     elif FLOAT == 2:
         h = h.to(tl.float16).to(tl.float32)
     return w * h
@@ -125,10 +128,10 @@ def _rmsnorm_quant_kernel(x_ptr, w_ptr, y_ptr, codes_ptr, scales_ptr, M, eps, ts
         if WRITE_R == 1:  # the per-row inverse RMS, for LAAQ's run-time check (agoq_core.laaq.fusion)
             tl.store(r_ptr + t, r)
         if VEC16:
-            _store_f32(y_ptr, off, _normalized(xa, r, wa, FLOAT), m, FLOAT, HW)
-            _store_f32(y_ptr, off + 8, _normalized(xb, r, wb, FLOAT), m, FLOAT, HW)
+            _store_f32(y_ptr, off, _normalized(xa, r, wa, FLOAT, HW), m, FLOAT, HW)
+            _store_f32(y_ptr, off + 8, _normalized(xb, r, wb, FLOAT, HW), m, FLOAT, HW)
         else:
-            _store_f32(y_ptr, elem, _normalized(x, r, w, FLOAT), col < H, FLOAT, HW)
+            _store_f32(y_ptr, elem, _normalized(x, r, w, FLOAT, HW), col < H, FLOAT, HW)
         t += tl.num_programs(0)
 
 

@@ -71,9 +71,13 @@ def silu_mul_backward_variants(device: torch.device) -> tuple[str, ...]:
 
 
 @triton.jit
-def _round(x, FLOAT: tl.constexpr):
-    """x rounded (RNE) to the activation dtype, back in fp32."""
+def _round(x, FLOAT: tl.constexpr, HW: tl.constexpr = False):
+    """x rounded (RNE) to the activation dtype, back in fp32. HW (sm_89+): bf16 by cvt.rn.bf16.f32, as the stores
+    round (kernels._store_f32; NaN payloads are not part of the contract); else the integer RNE (the interpreter's
+    bf16 cast truncates)."""
     if FLOAT == 1:
+        if HW:
+            return x.to(tl.bfloat16).to(tl.float32)
         return bf16_bits_to_f32(f32_to_bf16_bits(x))
     elif FLOAT == 2:
         return x.to(tl.float16).to(tl.float32)
@@ -91,22 +95,23 @@ def _exp(x, EXP: tl.constexpr):
 
 @triton.jit
 def _bits16(g, FLOAT: tl.constexpr):
-    """The 16 bits of a bf16/fp16 value held exactly in fp32, as a table index in [0, 65536)."""
+    """The 16 bits of a bf16/fp16 value held exactly in fp32, as a table index in [0, 65536). bf16: the upper half
+    of its fp32 bits (the widening is exact, NaN payloads included)."""
     if FLOAT == 1:
-        return f32_to_bf16_bits(g) & 0xFFFF
+        return (g.to(tl.int32, bitcast=True) >> 16) & 0xFFFF
     else:
         return g.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
 
 
 @triton.jit
-def _silu16(g, mask, tab_ptr, SILU: tl.constexpr, FLOAT: tl.constexpr):
+def _silu16(g, mask, tab_ptr, SILU: tl.constexpr, FLOAT: tl.constexpr, HW: tl.constexpr = False):
     """silu(g) rounded to the activation dtype (in fp32). SILU 0/1: torch's SiLU formula in fp32,
     x / (1 + exp(-x)) with a correctly rounded division (nvcc's default), tl.exp / libdevice exp;
     SILU 2: torch's own F.silu of this 16-bit value, from the table."""
     if SILU == 2:
         return tl.load(tab_ptr + _bits16(g, FLOAT), mask=mask, other=0.0)
     else:
-        return _round(tl.math.div_rn(g, 1.0 + _exp(-g, SILU)), FLOAT)
+        return _round(tl.math.div_rn(g, 1.0 + _exp(-g, SILU)), FLOAT, HW)
 
 
 @triton.jit
@@ -137,8 +142,8 @@ def _silu_mul_quant_kernel(g_ptr, u_ptr, h_ptr, gc_ptr, gs_ptr, uc_ptr, us_ptr, 
                               SCALE)
             _quantize16_store(ua, ub, uc_ptr, us_ptr, elut_ptr, rows, ok, ROWS, KIND, BITS, QMAX, BLOCK, NF4_LUT, HW,
                               SCALE)
-            _store_f32(h_ptr, off, _silu16(ga, m, tab_ptr, SILU, FLOAT) * ua, m, FLOAT, HW)
-            _store_f32(h_ptr, off + 8, _silu16(gb, m, tab_ptr, SILU, FLOAT) * ub, m, FLOAT, HW)
+            _store_f32(h_ptr, off, _silu16(ga, m, tab_ptr, SILU, FLOAT, HW) * ua, m, FLOAT, HW)
+            _store_f32(h_ptr, off + 8, _silu16(gb, m, tab_ptr, SILU, FLOAT, HW) * ub, m, FLOAT, HW)
         else:
             rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, False)
             g = _load_f32(g_ptr, elem, emask, FLOAT)
@@ -149,7 +154,7 @@ def _silu_mul_quant_kernel(g_ptr, u_ptr, h_ptr, gc_ptr, gs_ptr, uc_ptr, us_ptr, 
             c, s = quantize_tile(u, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT, HW, SCALE)
             store_codes(uc_ptr, c, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, False)
             tl.store(us_ptr + rows, s, mask=ok)
-            a = _silu16(g, emask, tab_ptr, SILU, FLOAT)
+            a = _silu16(g, emask, tab_ptr, SILU, FLOAT, HW)
             _store_f32(h_ptr, elem, a * u, emask, FLOAT, HW)  # 16-bit x 16-bit is exact in fp32: one rounding
         t += tl.num_programs(0)
 
@@ -159,10 +164,10 @@ def _backward_elems(dh_ptr, h_ptr, dg_ptr, du_ptr, offs, mask, g, u, tab_ptr, si
                     HW: tl.constexpr, SILU: tl.constexpr, SIG: tl.constexpr, FMA: tl.constexpr):
     """h, dup and dgate at ``offs`` from the decoded g and u (already rounded to the activation dtype)."""
     dh = _load_f32(dh_ptr, offs, mask, FLOAT)
-    a = _silu16(g, mask, tab_ptr, SILU, FLOAT)
+    a = _silu16(g, mask, tab_ptr, SILU, FLOAT, HW)
     _store_f32(h_ptr, offs, a * u, mask, FLOAT, HW)
     _store_f32(du_ptr, offs, dh * a, mask, FLOAT, HW)
-    dy = _round(dh * u, FLOAT)
+    dy = _round(dh * u, FLOAT, HW)
     if SIG == 1:  # torch.sigmoid of this 16-bit value, from the table (index: its 16 bits)
         s = tl.load(sig_ptr + _bits16(g, FLOAT), mask=mask, other=0.0)
     else:
@@ -188,16 +193,16 @@ def _silu_mul_backward_kernel(dh_ptr, gc_ptr, gs_ptr, uc_ptr, us_ptr, lut_ptr, t
             rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
             ga, gb = _dequantize16(gc_ptr, gs_ptr, lut_ptr, rows, ok, off, ROWS, KIND, BITS, BLOCK, NF4_LUT, HW)
             ua, ub = _dequantize16(uc_ptr, us_ptr, lut_ptr, rows, ok, off, ROWS, KIND, BITS, BLOCK, NF4_LUT, HW)
-            _backward_elems(dh_ptr, h_ptr, dg_ptr, du_ptr, off, m, _round(ga, FLOAT), _round(ua, FLOAT), tab_ptr,
+            _backward_elems(dh_ptr, h_ptr, dg_ptr, du_ptr, off, m, _round(ga, FLOAT, HW), _round(ua, FLOAT, HW), tab_ptr,
                             sig_ptr, FLOAT, HW, SILU, SIG, FMA)
-            _backward_elems(dh_ptr, h_ptr, dg_ptr, du_ptr, off + 8, m, _round(gb, FLOAT), _round(ub, FLOAT), tab_ptr,
+            _backward_elems(dh_ptr, h_ptr, dg_ptr, du_ptr, off + 8, m, _round(gb, FLOAT, HW), _round(ub, FLOAT, HW), tab_ptr,
                             sig_ptr, FLOAT, HW, SILU, SIG, FMA)
         else:
             rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, False)
             g = _round(dequantize_tile(gc_ptr, gs_ptr, lut_ptr, rows, ok, elem, emask, n, ROWS, KIND, BITS, BLOCK,
-                                       BLOCK_P, NF4_LUT, False, HW), FLOAT)
+                                       BLOCK_P, NF4_LUT, False, HW), FLOAT, HW)
             u = _round(dequantize_tile(uc_ptr, us_ptr, lut_ptr, rows, ok, elem, emask, n, ROWS, KIND, BITS, BLOCK,
-                                       BLOCK_P, NF4_LUT, False, HW), FLOAT)
+                                       BLOCK_P, NF4_LUT, False, HW), FLOAT, HW)
             _backward_elems(dh_ptr, h_ptr, dg_ptr, du_ptr, elem, emask, g, u, tab_ptr, sig_ptr, FLOAT, HW, SILU, SIG,
                             FMA)
         t += tl.num_programs(0)

@@ -69,14 +69,12 @@ def geometry(block_p: int, n_blocks: int, device: torch.device, *, rows: int | N
 # 97.2/91.3), and the 16-lane dequantize of 4-bit codes that gives each thread one code word per 8 outputs won for
 # nf4 only (14:52: nf4 65.7/89.3; int4 96.4/96.2, fp4_e2m1 96.3/96.3, mxfp4 97.0/96.8, nvfp4 97.1/97.2 -> ties, kept
 # generic). Entries here overrule the rule.
-# The fused SiLU&Mul kernels (agoq_cuda.fused_swiglu) were timed faster on the 16-lane tile for int4 and nf4 (15:24,
-# bench_swiglu_tiles.py); for 8-bit codes the backward's 16-lane decode compiles to more instructions per element
-# than the generic one (python -m agoq_cuda.codec_isa --fused: int8 76.9 vs 73.8, fp8 74.3 vs 62.9, mxfp8 74.3 vs
-# 60.3; a static count, not a timing), as the 8-bit dequantize above does, so it stays on the generic tile there.
+# The fused SiLU&Mul kernels (agoq_cuda.fused_swiglu) follow the rule: timed faster on the 16-lane tile for int4
+# and nf4 (15:24, bench_swiglu_tiles.py), and fewer sm_90 instructions per element on it for every format
+# (python -m agoq_cuda.codec_isa --fused; a static count for the other formats, not a timing).
 VEC16_DEFAULTS: dict[tuple[str, str], bool] = {
-    **{("dequantize", f): False
-       for f in ("int4", "int8", "fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4", "fp4_e2m1", "mxfp4")},
-    **{("silu_mul_backward", f): False for f in ("int8", "fp8_e4m3", "fp8_e5m2", "mxfp8")}}
+    ("dequantize", f): False
+    for f in ("int4", "int8", "fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4", "fp4_e2m1", "mxfp4")}
 
 #: Ops whose 16-lane tile is off unless asked for (AGOQ_CUDA_VEC16=rmsnorm_quant=1): not yet timed on a GPU.
 VEC16_OFF_BY_DEFAULT = frozenset({"rmsnorm_quant"})
