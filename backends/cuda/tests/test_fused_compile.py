@@ -25,3 +25,16 @@ def test_fused_kernels_compile_for_sm90_on_both_tiles(tmp_path):
     for op in ("silu_mul_quant", "silu_mul_backward", "rmsnorm_quant"):
         for fmt in ("int4", "nf4"):
             assert recs[(op, fmt, "vec16")]["loop_per_element"] < recs[(op, fmt, "generic")]["loop_per_element"], op
+
+
+def test_codec_kernel_counts_still_compile(tmp_path):
+    """The codec kernels' path of codec_isa (shared compile-and-count helper with --fused)."""
+    pytest.importorskip("triton.backends.nvidia")
+    out = tmp_path / "codec.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-m", "agoq_cuda.codec_isa", "--formats", "nf4", "--ops", "quantize",
+                        "dequantize", "--json", str(out)], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = json.loads(out.read_text())
+    assert [(x["op"], x["fmt"]) for x in recs] == [("quantize", "nf4"), ("dequantize", "nf4")]
+    assert all(x["elements_per_tile"] == x["rows"] * 128 for x in recs)  # nf4 blocks of 128 (the default)
