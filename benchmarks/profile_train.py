@@ -249,9 +249,9 @@ class _ArmRun:
             for _ in range(steps):
                 self.one_step(False)
             _sync(self.rt)
-            prof.disable()
             wall = (time.perf_counter() - t0) * 1e3 / steps
         finally:
+            prof.disable()
             torch.autograd.set_multithreading_enabled(True)
         st = pstats.Stats(prof).stats  # {(file, line, name): (prim calls, calls, tottime, cumtime, callers)}
 

@@ -15,7 +15,7 @@ import pytest
 _ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("mode", [[], ["--sequential"]])
+@pytest.mark.parametrize("mode", [["--cprofile", "1"], ["--sequential"]])
 def test_profile_train_smoke(tmp_path, mode):
     out = tmp_path / "p.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(_ROOT / d) for d in ("", "backends/triton_common",
@@ -39,3 +39,9 @@ def test_profile_train_smoke(tmp_path, mode):
     assert hr["qg.hook"]["calls_per_step"] == hr["qg.fold"]["calls_per_step"] > 0
     assert "qg.step_replicated" in hr and "qg.hook" not in rep["arms"]["baseline"]["kernels"]["host_ranges"]
     assert (tmp_path / "p.md").read_text().startswith("# agoq train step profile")
+    if "--cprofile" in mode:  # host time by Python function, the backward's own functions included
+        for arm in rep["arms"].values():
+            assert arm["cprofile"]["wall_ms"] > 0 and arm["cprofile"]["own"]
+        fns = [t["fn"] for t in rep["arms"]["agoq"]["cprofile"]["agoq_cum"]]
+        assert any("forward_backward" in f for f in fns), fns
+        assert "Python own host time" in (tmp_path / "p.md").read_text()
