@@ -38,25 +38,16 @@ def main(argv=None) -> dict:
     iters = 2 if args.smoke else args.iters
 
     def timed(fn) -> float:
-        """Median ms (CUDA events on the GPU, perf_counter in the interpreter)."""
-        import statistics
+        """Median ms: CUDA events on the GPU (harness.cuda_median_ms); wall time in the interpreter (--smoke)."""
+        if dev.type == "cuda":
+            return harness.cuda_median_ms(fn, reps=iters, warmup=1)
         import time
 
         fn()
-        ts = []
+        t0 = time.perf_counter()
         for _ in range(iters):
-            if dev.type == "cuda":
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fn()
-                b.record()
-                torch.cuda.synchronize()
-                ts.append(a.elapsed_time(b))
-            else:
-                t0 = time.perf_counter()
-                fn()
-                ts.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(ts)
+            fn()
+        return (time.perf_counter() - t0) * 1e3 / iters
 
     big = torch.empty(1 << (20 if args.smoke else 28), dtype=torch.uint8, device=dev)  # 256 MiB copy
     copy_gbs = 2 * big.numel() / timed(lambda: big.clone()) / 1e6

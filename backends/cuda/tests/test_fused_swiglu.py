@@ -157,3 +157,23 @@ def test_the_16_lane_tile_is_taken_where_asked_and_allowed():
         assert fused_vec16("rmsnorm_quant", spec, (c[:-4],), writes=True) == {"VEC16": True}
     finally:
         LAUNCHER.geometry.vec16_rules = old
+
+
+def test_bench_swiglu_tiles_smoke(tmp_path):
+    """benchmarks/bench_swiglu_tiles.py --smoke: both tiles run, write the same bits, and the report says so."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    out = tmp_path / "t.json"
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_swiglu_tiles.py"), "--smoke", "--formats",
+                        "int4", "--json", str(out)], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, TRITON_INTERPRET="1"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert {(x["op"], x["tile"]) for x in rows} == {(o, t) for o in ("silu_mul_quant", "silu_mul_backward")
+                                                   for t in ("generic", "vec16")}
+    assert all(x["tiles_bit_identical"] and x["ms"] > 0 for x in rows)
