@@ -99,7 +99,8 @@ def _compile_and_count(fn, sig: dict, c: dict, warps: int, elems: int, arch: int
     attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in sig
              if sig[k].startswith("*") or k in ("codes_stride", "scales_stride")}
     src = ASTSource(fn, {k: sig.get(k, "constexpr") for k in fn.arg_names}, c, attrs)
-    ck = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, "enable_fp_fusion": False})
+    ck = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                        options={"num_warps": warps, "enable_fp_fusion": False})
     threads = 32 * warps
     rec.update({"warps": warps, "elements_per_tile": elems,
                 "ptx_lines": sum(1 for ln in ck.asm["ptx"].splitlines() if ln.strip().endswith(";")),

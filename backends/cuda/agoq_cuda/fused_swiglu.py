@@ -42,8 +42,8 @@ import triton.language as tl
 from agoq_cuda.launch import fused_vec16
 from agoq_triton_kernels.buffers import check_codec_buffers, float_view
 from agoq_triton_kernels.codes import bf16_bits_to_f32, f32_to_bf16_bits
-from agoq_triton_kernels.kernels import (_dequantize16, _load_f32, _quantize16, _store_codes16, _store_f32, _tile, _tile16,
-                                         dequantize_tile, quantize_tile, store_codes)
+from agoq_triton_kernels.kernels import (_dequantize16, _load_f32, _quantize16, _store_codes16, _store_f32, _tile,
+                                         _tile16, dequantize_tile, quantize_tile, store_codes)
 from agoq_triton_kernels.layout import format_constexprs
 
 __all__ = ["silu_mul_quant_unsupported", "silu_mul_quant_into", "silu_mul_quant_variants",
@@ -193,10 +193,10 @@ def _silu_mul_backward_kernel(dh_ptr, gc_ptr, gs_ptr, uc_ptr, us_ptr, lut_ptr, t
             rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
             ga, gb = _dequantize16(gc_ptr, gs_ptr, lut_ptr, rows, ok, off, ROWS, KIND, BITS, BLOCK, NF4_LUT, HW)
             ua, ub = _dequantize16(uc_ptr, us_ptr, lut_ptr, rows, ok, off, ROWS, KIND, BITS, BLOCK, NF4_LUT, HW)
-            _backward_elems(dh_ptr, h_ptr, dg_ptr, du_ptr, off, m, _round(ga, FLOAT, HW), _round(ua, FLOAT, HW), tab_ptr,
-                            sig_ptr, FLOAT, HW, SILU, SIG, FMA)
-            _backward_elems(dh_ptr, h_ptr, dg_ptr, du_ptr, off + 8, m, _round(gb, FLOAT, HW), _round(ub, FLOAT, HW), tab_ptr,
-                            sig_ptr, FLOAT, HW, SILU, SIG, FMA)
+            _backward_elems(dh_ptr, h_ptr, dg_ptr, du_ptr, off, m, _round(ga, FLOAT, HW), _round(ua, FLOAT, HW),
+                            tab_ptr, sig_ptr, FLOAT, HW, SILU, SIG, FMA)
+            _backward_elems(dh_ptr, h_ptr, dg_ptr, du_ptr, off + 8, m, _round(gb, FLOAT, HW), _round(ub, FLOAT, HW),
+                            tab_ptr, sig_ptr, FLOAT, HW, SILU, SIG, FMA)
         else:
             rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, False)
             g = _round(dequantize_tile(gc_ptr, gs_ptr, lut_ptr, rows, ok, elem, emask, n, ROWS, KIND, BITS, BLOCK,
@@ -277,7 +277,8 @@ def silu_mul_quant_into(gate: torch.Tensor, up: torch.Tensor, spec, h: torch.Ten
         n, spec.num_blocks(n), la.n_tiles, KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"], BLOCK_P=la.block_p,
         QMAX=c["QMAX"], ROWS=la.rows, FLOAT=fk, HW=hw_, SILU=silu, SCALE=c.get("SCALE", 0),
         elut_ptr=elut, NF4_LUT=elut is not None, tab_ptr=silu_table(gate.dtype, gate.device) if silu == 2 else None,
-        enable_fp_fusion=False, **fused_vec16("silu_mul_quant", spec, (gate_codes, up_codes), writes=True, vec16=vec16), **la.options)
+        enable_fp_fusion=False, **fused_vec16("silu_mul_quant", spec, (gate_codes, up_codes), writes=True, vec16=vec16),
+        **la.options)
 
 
 @functools.cache
