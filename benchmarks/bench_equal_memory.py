@@ -884,11 +884,9 @@ def table(rows, smoke):
     for r in rows:
         cap = f"{r['cap_gib']:.0f}" if r.get("cap_gib") else "all"
         if r.get("unavailable") or r.get("failed"):
-            note, tps, pk = (r.get("unavailable") or r.get("failed"))[:60], "-", "-"
-            med = "-"
+            note, tps, pk, med = (r.get("unavailable") or r.get("failed"))[:60], "-", "-", "-"
         elif r.get("oom"):
-            note, tps, pk = "OOM" + (f" ({r['oom_phase']})" if r.get("oom_phase") else ""), "-", "-"
-            med = "-"
+            note, tps, pk, med = "OOM" + (f" ({r['oom_phase']})" if r.get("oom_phase") else ""), "-", "-", "-"
         else:
             tps = f"{r['tokens_per_s']:,.0f}"
             med = f"{r['tokens_per_s_median']:,.0f}" if r.get("tokens_per_s_median") else "-"

@@ -21,8 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from agoq_cuda.fused_swiglu import _round  # RNE to the activation dtype, in registers
 from agoq_triton_kernels.buffers import check_codec_buffers, float_view
-from agoq_triton_kernels.codes import bf16_bits_to_f32, f32_to_bf16_bits
 from agoq_triton_kernels.kernels import (_load_f32, _quantize16, _store_codes16, _store_f32, _tile16, quantize_tile,
                                          store_codes)
 from agoq_triton_kernels.layout import format_constexprs, next_pow2
@@ -74,15 +74,7 @@ def _row_sum_squares(x_ptr, x, base, H: tl.constexpr, FLOAT: tl.constexpr, ORDER
 @triton.jit
 def _normalized(x, r, w, FLOAT: tl.constexpr, HW: tl.constexpr):
     """w * round_dtype(x * r) in fp32 (HF LlamaRMSNorm: h.to(input_dtype), then the 16-bit product)."""
-    h = x * r
-    if FLOAT == 1:  # round to bf16 like h.to(input_dtype), then the bf16 x bf16 product
-        if HW:  # cvt.rn.bf16.f32 (sm_89+), as the stores round
-            h = h.to(tl.bfloat16).to(tl.float32)
-        else:  # the interpreter's bf16 cast truncates: integer RNE
-            h = bf16_bits_to_f32(f32_to_bf16_bits(h))
-    elif FLOAT == 2:
-        h = h.to(tl.float16).to(tl.float32)
-    return w * h
+    return w * _round(x * r, FLOAT, HW)
 
 
 @triton.jit(do_not_specialize=["M"])
