@@ -71,12 +71,21 @@ def geometry(block_p: int, n_blocks: int, device: torch.device, *, rows: int | N
 # generic). Entries here overrule the rule.
 # The fused SiLU&Mul kernels (agoq_cuda.fused_swiglu) follow the rule: timed faster on the 16-lane tile for int4
 # and nf4 (15:24, bench_swiglu_tiles.py), and fewer sm_90 instructions per element on it for every format
-# (python -m agoq_cuda.codec_isa --fused; a static count for the other formats, not a timing).
+# (python -m agoq_cuda.codec_isa --fused; a static count for the other formats, not a timing). With the in-register
+# bf16 rounding (2026-12-02 19:00, bench_swiglu_tiles.py; ms generic / 16-lane) the int4 backward turned around:
+# 8192x8192 0.345/0.427, 4096x11008 0.252/0.269 -> generic; nf4 backward 0.520/0.395, 0.337/0.242 and every forward
+# (int4 0.284/0.255, 0.171/0.162) stay on the 16-lane tile.
+# The fused RMSNorm + quantize (agoq_cuda.fused_norm), 16384x4096, same day (bench_codecs.py, us generic / 16-lane):
+# int4 97.9/104.0, fp4_e2m1 107.8/106.0, mxfp4 100.5/108.2 -> generic (off by default, VEC16_OFF_BY_DEFAULT);
+# nf4 174.3/116.6 -> 16-lane.
 VEC16_DEFAULTS: dict[tuple[str, str], bool] = {
-    ("dequantize", f): False
-    for f in ("int4", "int8", "fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4", "fp4_e2m1", "mxfp4")}
+    **{("dequantize", f): False
+       for f in ("int4", "int8", "fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4", "fp4_e2m1", "mxfp4")},
+    ("silu_mul_backward", "int4"): False,
+    ("rmsnorm_quant", "nf4"): True,
+}
 
-#: Ops whose 16-lane tile is off unless asked for (AGOQ_CUDA_VEC16=rmsnorm_quant=1): not yet timed on a GPU.
+#: Ops whose 16-lane tile is off unless VEC16_DEFAULTS or AGOQ_CUDA_VEC16 (rmsnorm_quant=1) turns it on.
 VEC16_OFF_BY_DEFAULT = frozenset({"rmsnorm_quant"})
 
 _OPS = ("quantize", "dequantize", "accumulate", "reduce_requantize", "silu_mul_quant", "silu_mul_backward",

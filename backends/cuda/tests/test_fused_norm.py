@@ -93,7 +93,7 @@ def test_torch_cuda_order_variant_is_bit_exact(h, dtype, vec16, device):
     assert_bits_equal(codes, want_c, "codes")
 
 
-def test_order_matters():
+def test_order_matters(device):
     """Teeth: on rows where the sum of squares depends on the order, the tree variant differs from the emulation."""
     spec = get_format("int8")
     g = torch.Generator().manual_seed(5)
@@ -101,10 +101,11 @@ def test_order_matters():
     w = torch.ones(4096)
     outs = {}
     for v in ("tree", "torch_cuda_rn"):
-        y = torch.empty_like(x)
-        rmsnorm_quant_into(x, w, 1e-5, spec, y, torch.empty(spec.code_bytes(x.numel()), dtype=torch.uint8),
-                           torch.empty(spec.num_blocks(x.numel())), variant=v)
-        outs[v] = y
+        y = torch.empty_like(x, device=device)
+        rmsnorm_quant_into(x.to(device), w.to(device), 1e-5, spec, y,
+                           torch.empty(spec.code_bytes(x.numel()), dtype=torch.uint8, device=device),
+                           torch.empty(spec.num_blocks(x.numel()), device=device), variant=v)
+        outs[v] = y.cpu()
     want = _torch_cuda_order_rmsnorm(x, w, 1e-5)
     assert torch.equal(outs["torch_cuda_rn"], want)
     assert not torch.equal(outs["tree"], want)

@@ -39,6 +39,12 @@ def test_rules_defaults_and_rule(monkeypatch):
     assert not _vec16(g, "dequantize", "int8") and _vec16(g, "dequantize", "int5") and _vec16(g, "quantize", "int8")
     assert _vec16(CudaGeometry(vec16="1"), "reduce_requantize", "int4")
     assert not _vec16(CudaGeometry(vec16="*:int4=0"), "accumulate", "int4")
+    # the fused kernels (2026-12-02 19:00): int4 SiLU&Mul backward generic; RMSNorm+quantize 16-lane for nf4 only
+    vec = auto.vec16_for
+    assert not vec("silu_mul_backward", get_format("int4")) and vec("silu_mul_backward", get_format("nf4"))
+    assert vec("silu_mul_quant", get_format("int4"))
+    assert vec("rmsnorm_quant", get_format("nf4")) and not vec("rmsnorm_quant", get_format("int4"))
+    assert CudaGeometry(vec16="rmsnorm_quant=1").vec16_for("rmsnorm_quant", get_format("int4"))
     monkeypatch.setitem(cl.VEC16_DEFAULTS, ("dequantize", "int5"), False)
     assert not _vec16(auto, "dequantize", "int5")
     assert _vec16(CudaGeometry(vec16="dequantize:int8=1"), "dequantize", "int8")  # a rule beats the table
