@@ -111,6 +111,42 @@ def test_a_variant_that_does_not_match_is_never_used(device, monkeypatch):
     assert calls["rmsnorm_quant_into"] == n  # not tried again
 
 
+def test_a_forward_variant_wrong_only_on_rare_inputs_is_dropped(device, monkeypatch):
+    """Teeth for the every-input check: a SiLU&Mul variant that is wrong only where |g| > 64 (never in these
+    inputs, so the real-data check alone would trust it) is dropped before use; the next variant runs fused."""
+    from agoq_core.backend import get_backend
+    from agoq_core.formats.spec import get_format
+    from agoq_core.laaq import fusion
+    from agoq_cuda import fused_swiglu
+
+    monkeypatch.setenv("AGOQ_BACKEND", "cuda")
+    monkeypatch.setenv("AGOQ_FUSION", "elementwise")
+    monkeypatch.setattr(fusion, "TRUST_ELEMENTS", 1)
+    monkeypatch.setattr(fusion, "_choices", {})
+    real, real_variants = fused_swiglu.silu_mul_quant_into, fused_swiglu.silu_mul_quant_variants
+    used = []
+
+    def flawed(gate, up, spec, h, *bufs, variant=None):
+        used.append(variant)
+        real(gate, up, spec, h, *bufs, variant=real_variants(gate.device)[0] if variant == "bad" else variant)
+        if variant == "bad":  # one step off wherever |g| > 64
+            h.view(torch.int16)[gate.float().abs() > 64] += 1
+
+    monkeypatch.setattr(fused_swiglu, "silu_mul_quant_into", flawed)
+    monkeypatch.setattr(fused_swiglu, "silu_mul_quant_variants", lambda d: ("bad",) + real_variants(d))
+    be = get_backend("cuda")
+    g = torch.randn(4, 256, device=device).to(torch.bfloat16)
+    u = torch.randn(4, 256, device=device).to(torch.bfloat16)
+    spec = get_format("int4")
+    for _ in range(2):
+        h, _, _ = fusion.silu_mul_and_quantize(g, u, torch.nn.functional.silu, spec, role="mlp_act_input", layer=0,
+                                               backend=None)
+        assert torch.equal(h, torch.nn.functional.silu(g) * u)
+    (choice,) = fusion._choices.values()
+    assert choice.variants and choice.variants[0] != "bad" and "bad" in used
+    assert be.silu_mul_quant_variants(g.device)[0] == "bad"  # offered first, and still dropped
+
+
 def test_fusion_switch_values(monkeypatch):
     from agoq_core.laaq import fusion
 
