@@ -118,7 +118,8 @@ for spec in "$@"; do
     # where an agoq train step's time goes per arm (synced phases + kernel groups; benchmarks/profile_train.py)
     train-profile)   cmd=(python3 benchmarks/profile_train.py --json "$OUT/profile_train.json") ;;
     train-profile-c) cmd=(python3 benchmarks/profile_train.py --compile inductor --json "$OUT/profile_train_c.json") ;;
-    train-split) cmd=(python3 -m agoq_core.cli.main train --device cuda --model llama-1b --seq-len 2048 --micro-batch 4 --steps 40 --eval-every 0 --eval-tokens 16384 --ablation laaq-only,quangrad-only --out-dir "$OUT/runs") ;;
+    # then each arm's median step against the baseline's (benchmarks/train_step_stats.py); TRAIN_REPEAT=N runs it N times
+    train-split) cmd=(bash -c 'for i in $(seq ${TRAIN_REPEAT:-1}); do d="$OUT/runs/$i"; python3 -m agoq_core.cli.main train --device cuda --model llama-1b --seq-len 2048 --micro-batch 4 --steps 40 --eval-every 0 --eval-tokens 16384 --ablation laaq-only,quangrad-only --out-dir "$d" | grep -vE "step/s|s/step"; python3 benchmarks/train_step_stats.py "$d"/*/ --json "$OUT/train_steps_$i.json"; done') ;;
     *) echo "unknown stage $stage"; continue ;;
   esac
   start=$(date +%s)
