@@ -167,14 +167,15 @@ def rmsnorm_quant_variants(device: torch.device) -> tuple[str, ...]:
 def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, y: torch.Tensor,
                        codes: torch.Tensor, scales: torch.Tensor, *, variant: str | None = None,
                        rinv: torch.Tensor | None = None, hw: bool | None = None, programs: int | None = None,
-                       vec16: bool | None = None) -> None:
+                       vec16: bool | None = None, warps: int | None = None) -> None:
     """y = RMSNorm(x) * weight (x.dtype), (codes, scales) = Q_spec(x flattened), in one pass over x.
     ``variant``: how y's sum of squares and rsqrt are computed (VARIANTS; default: the first of
     rmsnorm_quant_variants). ``rinv``: if given, a float32 [rows] tensor that receives each row's inverse
     RMS ``r`` (y = round(w * round(x * r))): what LAAQ's run-time check explains a differing row with.
     ``vec16``: the codec kernels' 16-lane tile (None: the launcher's rules; off unless AGOQ_CUDA_VEC16 asks for
     ``rmsnorm_quant``, not yet timed on a GPU). Same codes, and the same ``y`` for the torch-order variants; ``tree``
-    sums in the tile's order, so its ``y`` may differ from the generic tile's where the sum rounds differently."""
+    sums in the tile's order, so its ``y`` may differ from the generic tile's where the sum rounds differently.
+    ``programs`` / ``warps``: tuning overrides of the persistent grid and the warps per program (GPU)."""
     why = rmsnorm_quant_unsupported(x, weight, spec)
     if why:
         raise ValueError(f"rmsnorm_quant: {why}")
@@ -206,7 +207,7 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
     lanes = min(h // 4, 32)
     hw_ = LAUNCHER.geometry.hw(x.device, hw)
     nprog = programs or (2 if x.device.type == "cpu" else min(m, 132 * 8))
-    warps = 4 if h <= 2048 else 8 if h <= 8192 else 16
+    warps = warps or (4 if h <= 2048 else 8 if h <= 8192 else 16)
     extra = {"num_warps": warps} if x.device.type != "cpu" else {}
     elut = LAUNCHER._elut(spec, x.device)  # NF4: the bucket table (one gather per element), as the codec kernels
     _rmsnorm_quant_kernel[(max(1, nprog),)](
