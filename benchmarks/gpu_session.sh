@@ -3,7 +3,7 @@
 #   bash benchmarks/gpu_session.sh STAGE[:SECONDS] ...
 # Stages: conformance, laaq, quangrad, laaq-fusion, fusion, codecs, torchtitan, equal-memory, equal-memory-m,
 # layer-profile-64k, layer-profile-qc32k, policy-80, longest, laaq-16k, layer-profile-fp8, float8-m, float8-80, float8-ce, liger, layer-profile-fp8-64k, float8-80-64k, float8-64k, cells, integrations, grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host,
-# dequant-tiles, norm-fusion, train-split-c, train-profile, train-profile-c. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
+# dequant-tiles, norm-fusion, train-split-c, train-profile, train-profile-c, layer-host, train-alone. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
 set -u
 source "$(dirname "$0")/gpu_env.sh"
 OUT=${OUT:-/tmp/agoq-out}; mkdir -p "$OUT"
@@ -120,6 +120,10 @@ for spec in "$@"; do
     train-profile-c) cmd=(python3 benchmarks/profile_train.py --compile inductor --json "$OUT/profile_train_c.json") ;;
     # then each arm's median step against the baseline's (benchmarks/train_step_stats.py); TRAIN_REPEAT=N runs it N times
     train-split) cmd=(bash -c 'for i in $(seq ${TRAIN_REPEAT:-1}); do d="$OUT/runs/$i"; python3 -m agoq_core.cli.main train --device cuda --model llama-1b --seq-len 2048 --micro-batch 4 --steps 40 --eval-every 0 --eval-tokens 16384 --ablation laaq-only,quangrad-only --out-dir "$d" | grep -vE "step/s|s/step"; python3 benchmarks/train_step_stats.py "$d"/*/ --json "$OUT/train_steps_$i.json"; done') ;;
+    # LAAQ's host time per step (llama-1b body, 2 layers): 256 tokens (host-bound), the same unfused, and 8K tokens (~40 s)
+    layer-host) cmd=(bash -c 'python3 benchmarks/profile_layer_host.py --top 45; AGOQ_FUSION=0 python3 benchmarks/profile_layer_host.py --json "$OUT/profile_layer_host_unfused.json" | sed -n 1,14p; python3 benchmarks/profile_layer_host.py --tokens 8192 --json "$OUT/profile_layer_host_8k.json" | sed -n 1,14p') ;;
+    # train-split's arms each in a process of its own (agoq, baseline, agoq, baseline + laaq-only): no arm runs after another (~130 s)
+    train-alone) cmd=(bash -c 'T="python3 -m agoq_core.cli.main train --device cuda --model llama-1b --seq-len 2048 --micro-batch 4 --steps 40 --eval-every 0 --eval-tokens 16384"; i=0; for a in "--no-baseline" "--no-agoq" "--no-baseline" "--no-agoq --ablation laaq-only"; do i=$((i+1)); d="$OUT/alone/$i"; $T $a --out-dir "$d" > /dev/null 2>&1; echo "== $a"; python3 benchmarks/train_step_stats.py "$d"/*/ | tail -1; done') ;;
     *) echo "unknown stage $stage"; continue ;;
   esac
   start=$(date +%s)
