@@ -76,7 +76,19 @@ def fusion_groups() -> frozenset[str] | None:
     (the codec in the FC1 GEMM epilogue / dW GEMM prologues), ``elementwise`` (the codec in RMSNorm and
     SiLU&Mul forward and the SwiGLU backward) — and single ops (e.g. ``silu_mul_quant,silu_mul_backward``:
     the bit-exact elementwise ops without the RMSNorm, whose ``y`` is accepted within a tolerance)."""
-    raw = os.environ.get("AGOQ_FUSION", "").strip().lower()
+    raw = os.environ.get("AGOQ_FUSION", "")
+    if raw not in _parsed:  # asked on every fused call: parse each value once (host time, issue 17)
+        if len(_parsed) > 64:
+            _parsed.clear()
+        _parsed[raw] = _parse_groups(raw)
+    return _parsed[raw]
+
+
+_parsed: dict[str, frozenset[str] | None] = {}
+
+
+def _parse_groups(raw: str) -> frozenset[str] | None:
+    raw = raw.strip().lower()
     if raw == "":
         return None
     if raw in ("0", "none", "off"):

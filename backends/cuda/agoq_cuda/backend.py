@@ -29,6 +29,7 @@ class CudaBackend(BackendBase):
         self.interpreted = interpreted
         self.device_type = plugin.device_type(interpreted)  # what the plugin's BackendInfo declares
         self.dist_backend = "gloo" if interpreted else "nccl"
+        self._caps: Capabilities | None = None  # built on first use: every fused LAAQ call asks (host time, issue 17)
 
     @classmethod
     def create(cls) -> "CudaBackend":
@@ -46,6 +47,11 @@ class CudaBackend(BackendBase):
         return cls(interpreted=interpreted)
 
     def capabilities(self) -> Capabilities:
+        if self._caps is None:
+            self._caps = self._capabilities()
+        return self._caps
+
+    def _capabilities(self) -> Capabilities:
         notes = ["Triton kernels shared with agoq-ascend (agoq_triton_kernels); bit-exact with the reference",
                  "float64 inputs are rounded to float32 by torch before the kernel (as the reference does)",
                  "fused GEMMs (LAAQ): bf16/fp16 operands, power-of-two blocks <= 256 that divide the row; other "
