@@ -26,6 +26,7 @@ def test_capabilities_tell_the_truth(backend, device):
     assert caps.max_block == MAX_BLOCK
     assert backend.dist_backend == ("gloo" if device.type == "cpu" else "nccl")
     assert backend.known_deviations() == {}
+    assert backend.capabilities() is caps and caps == backend._capabilities()  # built once, the same answer
 
 
 @pytest.mark.parametrize("fmt", ["int6", "nf4", "fp8_e5m2"])

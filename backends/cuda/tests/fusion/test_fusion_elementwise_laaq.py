@@ -155,8 +155,12 @@ def test_fusion_switch_values(monkeypatch):
         monkeypatch.setenv("AGOQ_FUSION", raw)
         assert fusion.fusion_groups() == want
     monkeypatch.setenv("AGOQ_FUSION", "norms")
-    with pytest.raises(ValueError, match=r"unknown group\(s\) or op"):
-        fusion.fusion_groups()
+    for _ in range(2):  # parsed values are cached; a bad one is not, and raises on every call
+        with pytest.raises(ValueError, match=r"unknown group\(s\) or op"):
+            fusion.fusion_groups()
+    for raw, want in (("0", set()), ("elementwise", {"elementwise"}), ("0", set())):  # the cache follows the variable
+        monkeypatch.setenv("AGOQ_FUSION", raw)
+        assert fusion.fusion_groups() == want
 
 
 def test_default_is_elementwise_on_cuda_devices_only(monkeypatch):
