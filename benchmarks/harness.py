@@ -16,6 +16,7 @@ import json
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -93,3 +94,52 @@ def cuda_median_ms(fn: Any, reps: int = 20, warmup: int = 3) -> float:
         b.synchronize()
         ts.append(a.elapsed_time(b))
     return sorted(ts)[len(ts) // 2]
+
+
+def cprofile_steps(step: Any, steps: int, sync: Any, top_n: int) -> dict[str, Any]:
+    """``steps`` calls of ``step()`` under cProfile with the autograd engine on the calling thread (else the
+    backward's Python functions run on a device thread cProfile does not see), ``sync()`` before and after:
+    ``wall_ms`` per step under the profiler, ``own`` (the functions with the most own time), ``agoq_cum`` (agoq's
+    functions by cumulative time), ``agoq_own_ms`` (all of agoq's own time), every time per step."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    prof = cProfile.Profile()
+    torch.autograd.set_multithreading_enabled(False)
+    try:
+        sync()
+        t0 = time.perf_counter()
+        prof.enable()
+        for _ in range(steps):
+            step()
+        sync()
+        wall = (time.perf_counter() - t0) * 1e3 / steps
+    finally:
+        prof.disable()
+        torch.autograd.set_multithreading_enabled(True)
+    st = pstats.Stats(prof).stats  # {(file, line, name): (prim calls, calls, tottime, cumtime, callers)}
+
+    def row(k, v):
+        f, line, name = k
+        short = f if f.startswith("<") or f == "~" else "/".join(Path(f).parts[-2:])
+        return {"fn": f"{short}:{line}({name})", "calls_per_step": v[1] / steps, "own_ms": v[2] * 1e3 / steps,
+                "cum_ms": v[3] * 1e3 / steps}
+
+    ours = [(k, v) for k, v in st.items() if "agoq" in k[0]]
+    own = sorted(st.items(), key=lambda kv: -kv[1][2])[:top_n]
+    cum = sorted(ours, key=lambda kv: -kv[1][3])[:top_n]
+    return {"wall_ms": wall, "own": [row(k, v) for k, v in own], "agoq_cum": [row(k, v) for k, v in cum],
+            "agoq_own_ms": sum(v[2] for _, v in ours) * 1e3 / steps}
+
+
+def cprofile_md(cp: dict[str, Any], heading: str) -> list[str]:
+    """Markdown tables of :func:`cprofile_steps`' result, each under ``## {heading}: Python <what> per step``."""
+    lines: list[str] = []
+    for key, title in (("own", "own host time"), ("agoq_cum", "cumulative host time of agoq's functions")):
+        lines += ["", f"## {heading}: Python {title} per step (cProfile, single-threaded autograd, "
+                      f"{cp['wall_ms']:.1f} ms a step under it)", "",
+                  "| function | calls | own ms | cum ms |", "|---|---:|---:|---:|"]
+        lines += [f"| `{t['fn']}` | {t['calls_per_step']:.0f} | {t['own_ms']:.2f} | {t['cum_ms']:.2f} |" for t in cp[key]]
+    return lines

@@ -19,19 +19,13 @@ Writes ``$OUT/profile_layer_host.json`` and ``.md``.
 from __future__ import annotations
 
 import argparse
-import cProfile
 import os
-import pstats
 import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
-
-#: Path fragments that mark a function as agoq's own (the cumulative table).
-OURS = ("agoq_core", "agoq_cuda", "agoq_triton_kernels", "agoq_ascend", "agoq_cpu")
-
 
 def _parse(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -45,19 +39,6 @@ def _parse(argv):
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU: checks the script")
     harness.add_json_arg(ap, "profile_layer_host")
     return ap.parse_args(argv)
-
-
-def _rows(stats: pstats.Stats, key: str, n: int, steps: int, only_ours: bool) -> list[dict]:
-    """Top ``n`` functions by ``key`` ("tottime" or "cumtime"), per step."""
-    out = []
-    for (path, line, name), (_cc, nc, tt, ct, _callers) in stats.stats.items():
-        if only_ours and not any(o in path for o in OURS):
-            continue
-        short = "/".join(path.split("/")[-2:])
-        out.append({"function": f"{short}:{line}({name})", "calls": nc / steps, "own_ms": tt * 1e3 / steps,
-                    "cum_ms": ct * 1e3 / steps})
-    out.sort(key=lambda r: -r["own_ms" if key == "tottime" else "cum_ms"])
-    return out[:n]
 
 
 def main(argv=None) -> dict:
@@ -112,17 +93,7 @@ def main(argv=None) -> dict:
     laaq.apply(model, laaq.LAAQConfig(norm_input=args.fmt, mlp_act_input=args.fmt))
     report["laaq"] = measure()
     report["chosen_variants"] = {k[0]: (c.variants[0] if c.variants else None) for k, c in fusion._choices.items()}
-    prof = cProfile.Profile()
-    sync()
-    prof.enable()
-    for _ in range(prof_steps):
-        step()
-    sync()
-    prof.disable()
-    st = pstats.Stats(prof)
-    report["own"] = _rows(st, "tottime", args.top, prof_steps, only_ours=False)
-    report["ours_cum"] = _rows(st, "cumtime", args.top, prof_steps, only_ours=True)
-    report["ours_own_ms"] = sum(r["own_ms"] for r in _rows(st, "tottime", 10**6, prof_steps, only_ours=True))
+    report["cprofile"] = cp = harness.cprofile_steps(step, prof_steps, sync, args.top)
 
     p, q = report["plain"], report["laaq"]
     lines = [f"# LAAQ host time per step ({report['env'].get('date', '')}, {dev})", "",
@@ -133,12 +104,9 @@ def main(argv=None) -> dict:
              f"| plain | {p['host_ms']:.2f} | {p['synced_ms']:.2f} |",
              f"| LAAQ | {q['host_ms']:.2f} | {q['synced_ms']:.2f} |",
              f"| LAAQ - plain | {q['host_ms'] - p['host_ms']:+.2f} | {q['synced_ms'] - p['synced_ms']:+.2f} |", "",
-             f"agoq's own Python time under cProfile: {report['ours_own_ms']:.2f} ms/step", ""]
-    for title, key in (("most own time (cProfile, per step)", "own"), ("agoq's functions, cumulative", "ours_cum")):
-        lines += [f"## {title}", "", "| function | calls | own ms | cum ms |", "|---|---:|---:|---:|"]
-        lines += [f"| `{r['function']}` | {r['calls']:.0f} | {r['own_ms']:.3f} | {r['cum_ms']:.3f} |" for r in report[key]]
-        lines.append("")
-    md = "\n".join(lines)
+             f"agoq's own Python time under cProfile: {cp['agoq_own_ms']:.2f} ms/step"]
+    lines += harness.cprofile_md(cp, "LAAQ")
+    md = "\n".join(lines) + "\n"
     print(md)
     path = harness.write_json(report, args.json, "profile_layer_host")
     if path:

@@ -233,37 +233,9 @@ class _ArmRun:
     def cprofile(self, steps: int, top_n: int) -> dict:
         """``steps`` steps under cProfile with the autograd engine on the calling thread: the Python functions with
         the most host time per step (own time, and cumulative time of agoq's own functions)."""
-        import cProfile
-        import pstats
-
-        import torch
-
         from agoq_core.train.loop import _sync
 
-        prof = cProfile.Profile()
-        torch.autograd.set_multithreading_enabled(False)
-        try:
-            _sync(self.rt)
-            t0 = time.perf_counter()
-            prof.enable()
-            for _ in range(steps):
-                self.one_step(False)
-            _sync(self.rt)
-            wall = (time.perf_counter() - t0) * 1e3 / steps
-        finally:
-            prof.disable()
-            torch.autograd.set_multithreading_enabled(True)
-        st = pstats.Stats(prof).stats  # {(file, line, name): (prim calls, calls, tottime, cumtime, callers)}
-
-        def row(k, v):
-            f, line, name = k
-            short = f if f.startswith("<") or f == "~" else "/".join(Path(f).parts[-2:])
-            return {"fn": f"{short}:{line}({name})", "calls_per_step": v[1] / steps, "own_ms": v[2] * 1e3 / steps,
-                    "cum_ms": v[3] * 1e3 / steps}
-
-        own = sorted(st.items(), key=lambda kv: -kv[1][2])[:top_n]
-        ours = sorted(((k, v) for k, v in st.items() if "agoq" in k[0]), key=lambda kv: -kv[1][3])[:top_n]
-        return {"wall_ms": wall, "own": [row(k, v) for k, v in own], "agoq_cum": [row(k, v) for k, v in ours]}
+        return harness.cprofile_steps(lambda: self.one_step(False), steps, lambda: _sync(self.rt), top_n)
 
     def close(self) -> None:
         import torch
@@ -359,12 +331,7 @@ def render(report: dict) -> str:
         lines += [f"| `{t['name']}` | {t['group']} | {t['ms']:.2f} | {t['calls_per_step']:.0f} |" for t in r["kernels"]["top"]]
         cp = r.get("cprofile")
         if cp:
-            for key, title in (("own", "own host time"), ("agoq_cum", "cumulative host time of agoq's functions")):
-                lines += ["", f"## {name}: Python {title} per step (cProfile, single-threaded autograd, "
-                              f"{cp['wall_ms']:.1f} ms a step under it)", "",
-                          "| function | calls | own ms | cum ms |", "|---|---:|---:|---:|"]
-                lines += [f"| `{t['fn']}` | {t['calls_per_step']:.0f} | {t['own_ms']:.2f} | {t['cum_ms']:.2f} |"
-                          for t in cp[key]]
+            lines += harness.cprofile_md(cp, name)
     return "\n".join(lines) + "\n"
 
 

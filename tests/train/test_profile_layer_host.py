@@ -20,8 +20,9 @@ def test_profile_layer_host_smoke(tmp_path):
     rep = json.loads(out.read_text())
     for arm in ("plain", "laaq"):
         assert rep[arm]["host_ms"] > 0 and rep[arm]["synced_ms"] > 0
-    fns = [r["function"] for r in rep["ours_cum"]]
+    cp = rep["cprofile"]
+    fns = [r["fn"] for r in cp["agoq_cum"]]
     assert any("laaq/functions.py" in f for f in fns), fns  # the converted layers ran LAAQ's functions
-    assert rep["ours_own_ms"] > 0 and rep["own"]
+    assert cp["agoq_own_ms"] > 0 and cp["own"]
     md = (tmp_path / "h.md").read_text()
     assert md.startswith("# LAAQ host time per step") and "| LAAQ - plain |" in md
