@@ -94,6 +94,9 @@ class TrainConfig:
                                  "reduced-gradient error against the exact fp32 sum of the ranks' gradients "
                                  "(QuanGrad arms; 'grad_error' records in metrics.jsonl); 0 = off (default: 0)",
                                  metavar="N")
+    gc_every: int = _opt(0, HARDWARE, "Python garbage collection: 0 = automatic (default); N = automatic collection "
+                         "off while training and a young-generation collection every N steps (torchtitan's gc_freq, "
+                         "Megatron's --manual-gc), for every arm", metavar="N")
     # evaluation and output
     eval_every: int = _opt(50, DATA, "evaluate every N steps, 0 = only at the end (50)")
     eval_tokens: int = _opt(16384, DATA, "held-out tokens per evaluation (default: 16384)")
@@ -113,7 +116,7 @@ class TrainConfig:
             object.__setattr__(self, "warmup_steps", self.steps // 10)
             object.__setattr__(self, "_derived", frozenset({"warmup_steps"}))
         for name in ("warmup_steps", "eval_every", "threads", "pp_microbatches", "seed", "virtual_ranks",
-                     "grad_error_every"):
+                     "grad_error_every", "gc_every"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{name} must be an integer >= 0, got {v!r}")

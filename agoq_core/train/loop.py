@@ -22,6 +22,7 @@ from agoq_core.train.models import build_model, count_parameters
 from agoq_core.train.pipeline import make_pipeline_arm
 from agoq_core.train.recipes import describe_arm
 from agoq_core.train.runtime import Runtime
+from agoq_core.train.stepcosts import ManagedGC, StepCosts
 
 __all__ = ["ArmResult", "train_arm", "make_arm", "lr_schedule", "param_digest", "TRAIN_LOSS_WINDOW", "GRAD_ERROR_FIELDS"]
 
@@ -49,6 +50,7 @@ class ArmResult:
     activation_detail: dict[str, Any] | None = None   # per layer and part, from LAAQ's meter
     memory_per_rank: list[dict[str, Any]] | None = None  # pipeline runs: each stage's own measurements
     param_digest: str | None = None        # sha256 of the final parameters (names and bytes); None with --pp
+    step_costs: dict[str, Any] = field(default_factory=dict)  # GC and device allocator over the timed steps
 
     @property
     def final_val_loss(self) -> float | None:
@@ -72,6 +74,7 @@ class ArmResult:
             "skipped_steps": self.skipped_steps, "train_seconds": self.train_seconds, "memory": dict(self.memory), "notes": list(self.notes),
             "evals": list(self.evals), "activation_detail": self.activation_detail,
             "memory_per_rank": self.memory_per_rank, "param_digest": self.param_digest,
+            "step_costs": dict(self.step_costs),
         }
 
 
@@ -163,14 +166,20 @@ def train_arm(name: str, cfg: TrainConfig, rt: Runtime, corpus: Corpus,
     # refuses to trace under them): measure the second step instead.
     measure_step = 1 if ((cfg.pp > 1 or cfg.compile) and cfg.steps > 1) else 0
     timed_seconds, timed_tokens = 0.0, 0
+    costs, managed_gc = StepCosts(rt.device), ManagedGC(cfg.gc_every)
+    costs.__enter__()  # both left in the finally below
+    managed_gc.__enter__()
     try:
         for step in range(cfg.steps):
             lr = schedule.get_last_lr()[0]
             # --virtual-ranks W: this process runs the micro-batches of data-parallel ranks 0..W-1 in turn
             ranks = range(cfg.virtual_ranks) if cfg.virtual_ranks else [rt.rank // cfg.pp]
             errors_now = bool(cfg.grad_error_every) and arm.track_grad_errors(step % cfg.grad_error_every == 0)
+            timed = step > 0 and step != measure_step  # step 0: one-time costs (optimizer state, lazy init)
+            costs.begin(timed)
             _sync(rt)
             t0 = time.perf_counter()
+            managed_gc.before_step(step)
             losses = []
             for v in ranks:
                 batches = corpus.step_batches(step, seed=cfg.seed, micro_batch=cfg.micro_batch,
@@ -189,17 +198,18 @@ def train_arm(name: str, cfg: TrainConfig, rt: Runtime, corpus: Corpus,
             schedule.step()
             _sync(rt)
             dt = time.perf_counter() - t0
+            step_cost = costs.end()
             if step == measure_step:
                 res.memory["optimizer_state"] = arm.optimizer_state_bytes()
                 if arm.master_weight_bytes():
                     res.memory["master_weights"] = arm.master_weight_bytes()
-            if step > 0 and step != measure_step:  # step 0: one-time costs (optimizer state, lazy init)
+            if timed:
                 timed_seconds += dt
                 timed_tokens += cfg.tokens_per_step
             loss = _all_reduce_sum([sum(losses) / len(losses)], rt)[0] / rt.world
             rec = {"kind": "step", "arm": name, "step": step + 1, "loss": loss, "lr": lr,
                    "grad_norm": grad_norm, "skipped": skipped, "seconds": dt,
-                   "tokens": (step + 1) * cfg.tokens_per_step}
+                   "tokens": (step + 1) * cfg.tokens_per_step, **step_cost}
             res.steps.append(rec)
             emit(rec)
             if errors_now:
@@ -227,8 +237,11 @@ def train_arm(name: str, cfg: TrainConfig, rt: Runtime, corpus: Corpus,
         res.reason = f"{type(exc).__name__}: {exc}"
         res.notes.append(traceback.format_exc(limit=6))
     finally:
+        managed_gc.__exit__(None, None, None)
+        costs.__exit__(None, None, None)
         if bar is not None:
             bar.close()
+    res.step_costs = costs.summary()
     res.train_seconds = timed_seconds
     res.tokens_per_s = timed_tokens / timed_seconds if timed_seconds else None
     if mem_stats is not None:
@@ -241,6 +254,11 @@ def train_arm(name: str, cfg: TrainConfig, rt: Runtime, corpus: Corpus,
     arm.close()
     del arm, model
     gc.collect()
+    # The next arm starts from an empty allocator pool, as it would in a process of its own: blocks cut to this
+    # arm's sizes would otherwise be split and re-cut for the next one's.
+    mod = _device_mem(rt)
+    if mod is not None and hasattr(mod, "empty_cache"):
+        mod.empty_cache()
     return res
 
 

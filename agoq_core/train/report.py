@@ -123,11 +123,26 @@ def render_table(summary: dict[str, Any]) -> str:
         + (f" simulating {env['virtual_ranks']} data-parallel ranks" if env.get("virtual_ranks") else "")
         + f", agoq backend {env.get('agoq_backend')}"
     )
+    costs = [_costs_text(a) for a in arms if a["status"] == "ok" and (a.get("step_costs") or {}).get("timed_steps")]
+    if costs:
+        lines.append("per timed step (Python GC; device allocator calls): " + "; ".join(costs))
     for arm, c in (summary.get("checks") or {}).items():
         where = "within" if c["within_tolerance"] else "outside"
         lines.append(f"{arm}: validation loss {c['val_loss_rel_diff']:+.2%} vs baseline ({where} the "
                      f"{c['tolerance']:.0%} convergence criterion; short runs lag more, see docs/convergence.md)")
     return "\n".join(lines)
+
+
+def _costs_text(arm: dict[str, Any]) -> str:
+    c = arm["step_costs"]
+    n = c["timed_steps"]
+    g = "/".join(f"{x / n:.2g}" for x in c["gc_collections"])
+    text = f"{arm['name']} GC {c['gc_ms_per_step']:.1f} ms ({g} collections of gen 0/1/2)"
+    if "device_allocs" in c:
+        text += f", {c['device_allocs'] / n:.1f} allocs, {c['device_frees'] / n:.1f} frees"
+        if c.get("alloc_retries"):
+            text += f", {c['alloc_retries']} allocator retries (flushed the cache: near the memory limit)"
+    return text
 
 
 def _params(arms: list[dict[str, Any]]) -> str:

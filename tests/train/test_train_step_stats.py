@@ -39,3 +39,14 @@ def test_errors(tmp_path):
     with pytest.raises(ValueError, match="no step records"):
         tss.step_stats(run)
     assert tss.step_stats(run, skip=0)["agoq"]["ratio"] is None
+
+
+def test_step_costs_are_averaged(tmp_path, capsys):
+    lines = [json.dumps({"kind": "step", "arm": "agoq", "step": i + 1, "seconds": 1.0, "gc_ms": g, "device_allocs": a})
+             for i, (g, a) in enumerate([(50.0, 9), (50.0, 9), (1.0, 0), (3.0, 2)])]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    st = tss.step_stats(tmp_path)["agoq"]
+    assert st["gc_ms_mean"] == 2.0 and st["device_allocs_mean"] == 1.0 and st["seconds"] == [1.0, 1.0]
+    assert "device_frees_mean" not in st
+    tss.main([str(tmp_path)])
+    assert "[gc 2.0 ms, 1.0 device allocs per step]" in capsys.readouterr().out
