@@ -118,8 +118,9 @@ for spec in "$@"; do
     # where an agoq train step's time goes per arm (synced phases + kernel groups; benchmarks/profile_train.py)
     train-profile)   cmd=(python3 benchmarks/profile_train.py --json "$OUT/profile_train.json") ;;
     train-profile-c) cmd=(python3 benchmarks/profile_train.py --compile inductor --json "$OUT/profile_train_c.json") ;;
-    # then each arm's median step against the baseline's (benchmarks/train_step_stats.py); TRAIN_REPEAT=N runs it N times
-    train-split) cmd=(bash -c 'for i in $(seq ${TRAIN_REPEAT:-1}); do d="$OUT/runs/$i"; python3 -m agoq_core.cli.main train --device cuda --model llama-1b --seq-len 2048 --micro-batch 4 --steps 40 --eval-every 0 --eval-tokens 16384 --ablation laaq-only,quangrad-only --out-dir "$d" | grep -vE "step/s|s/step"; python3 benchmarks/train_step_stats.py "$d"/*/ --json "$OUT/train_steps_$i.json"; done') ;;
+    # then each arm's median step against the baseline's (benchmarks/train_step_stats.py); TRAIN_REPEAT=N runs it N times,
+    # TRAIN_VARIANTS='|--gc-every 10' cycles the repeats through these extra agoq train options ('|'-separated)
+    train-split) cmd=(bash -c 'IFS="|" read -ra V <<< "${TRAIN_VARIANTS:-}"; [ ${#V[@]} -eq 0 ] && V=(""); for i in $(seq ${TRAIN_REPEAT:-1}); do d="$OUT/runs/$i"; v=${V[$(( (i - 1) % ${#V[@]} ))]}; echo "== run $i: extra options: ${v:-none}"; python3 -m agoq_core.cli.main train --device cuda --model llama-1b --seq-len 2048 --micro-batch 4 --steps 40 --eval-every 0 --eval-tokens 16384 --ablation laaq-only,quangrad-only --out-dir "$d" $v | grep -vE "step/s|s/step"; python3 benchmarks/train_step_stats.py "$d"/*/ --json "$OUT/train_steps_$i.json"; done') ;;
     # LAAQ's host time per step (llama-1b body, 2 layers): 256 tokens (host-bound), the same unfused, and 8K tokens (~40 s)
     layer-host) cmd=(bash -c 'python3 benchmarks/profile_layer_host.py --top 45; AGOQ_FUSION=0 python3 benchmarks/profile_layer_host.py --json "$OUT/profile_layer_host_unfused.json" | sed -n 1,14p; python3 benchmarks/profile_layer_host.py --tokens 8192 --json "$OUT/profile_layer_host_8k.json" | sed -n 1,14p') ;;
     # train-split's arms each in a process of its own (agoq, baseline, agoq, baseline + laaq-only): no arm runs after another (~130 s)
