@@ -185,6 +185,20 @@ def fast_launch_default() -> bool:
 
 _FAST_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
 
+# Launcher.launch: how an argument enters the key. A tensor by what Triton specialises a pointer on (element type,
+# 16-byte alignment; a pointer carries no shape) and its device; ints (specialised on value: == 1, % 16, i32/i64),
+# floats, bools and strs by exact type and value (conservative); anything else: no key (the normal launch).
+_KEYED_TYPES = frozenset({int, float, bool, str})
+_UNKEYED = object()
+
+
+def _arg_key(v):
+    if isinstance(v, torch.Tensor):
+        return v.dtype, v.device, v.data_ptr() & 15
+    if v is None:
+        return None
+    return (type(v), v) if type(v) in _KEYED_TYPES else _UNKEYED
+
 
 @functools.cache
 def _knobs():
@@ -220,7 +234,8 @@ class _FastEntry:
 
     template: list
     slots: tuple                  # the positions of the call's buffers in ``template`` (_FAST_SLOTS order)
-    kinds: tuple
+    kinds: tuple                  # per slot: how the op passes it (_FAST_SLOTS); Launcher.launch: where the call has
+    #                               it (an int: that positional argument, a str: that keyword)
     grid: int
     plan: Any
     kernel: Any                   # the JITFunction (its pre_run_hooks are checked per call)
