@@ -210,9 +210,10 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
     warps = warps or (4 if h <= 2048 else 8 if h <= 8192 else 16)
     extra = {"num_warps": warps} if x.device.type != "cpu" else {}
     elut = LAUNCHER._elut(spec, x.device)  # NF4: the bucket table (one gather per element), as the codec kernels
-    _rmsnorm_quant_kernel[(max(1, nprog),)](
-        xv, wv, yv, codes.view(torch.int8), scales, m, float(eps), LAUNCHER.tensor_scale(spec, x), rinv, H=h, NBR=h // spec.block, KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"],
+    LAUNCHER.launch(_rmsnorm_quant_kernel, max(1, nprog), (
+        xv, wv, yv, codes.view(torch.int8), scales, m, float(eps), LAUNCHER.tensor_scale(spec, x), rinv), dict(
+        H=h, NBR=h // spec.block, KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"],
         BLOCK_P=c["BLOCK_P"], QMAX=c["QMAX"], HW=hw_, FLOAT=fk, SCALE=c.get("SCALE", 0), ORDER=order,
         RSQRT=rsq, LANES=lanes, LOG_LANES=lanes.bit_length() - 1, WRITE_R=int(rinv is not None),
         elut_ptr=elut, NF4_LUT=elut is not None, enable_fp_fusion=False,
-        **fused_vec16("rmsnorm_quant", spec, (codes,), writes=True, vec16=vec16), **extra)
+        **fused_vec16("rmsnorm_quant", spec, (codes,), writes=True, vec16=vec16), **extra))

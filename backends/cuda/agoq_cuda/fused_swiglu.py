@@ -274,13 +274,14 @@ def silu_mul_quant_into(gate: torch.Tensor, up: torch.Tensor, spec, h: torch.Ten
     uv, _ = float_view(up.reshape(-1), "silu_mul_quant")
     hv, _ = float_view(h.reshape(-1), "silu_mul_quant")
     elut = launcher._elut(spec, gate.device)
-    _silu_mul_quant_kernel[(la.grid,)](
+    launcher.launch(_silu_mul_quant_kernel, la.grid, (
         gv, uv, hv, gate_codes.view(torch.int8), gate_scales, up_codes.view(torch.int8), up_scales,
-        n, spec.num_blocks(n), la.n_tiles, KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"], BLOCK_P=la.block_p,
+        n, spec.num_blocks(n), la.n_tiles), dict(
+        KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"], BLOCK_P=la.block_p,
         QMAX=c["QMAX"], ROWS=la.rows, FLOAT=fk, HW=hw_, SILU=silu, SCALE=c.get("SCALE", 0),
         elut_ptr=elut, NF4_LUT=elut is not None, tab_ptr=silu_table(gate.dtype, gate.device) if silu == 2 else None,
         enable_fp_fusion=False, **fused_vec16("silu_mul_quant", spec, (gate_codes, up_codes), writes=True, vec16=vec16),
-        **la.options)
+        **la.options))
 
 
 @functools.cache
@@ -329,10 +330,11 @@ def silu_mul_backward_into(dh: torch.Tensor, gate_codes: torch.Tensor, gate_scal
     dv, fk = float_view(dh.reshape(-1), "silu_mul_backward")
     outs = [float_view(t.reshape(-1), "silu_mul_backward")[0] for t in (h, dgate, dup)]
     sig_t = sigmoid_table(dh.dtype, dh.device) if sig else None
-    _silu_mul_backward_kernel[(la.grid,)](
+    launcher.launch(_silu_mul_backward_kernel, la.grid, (
         dv, gate_codes.view(torch.int8), gate_scales, up_codes.view(torch.int8), up_scales, nf4_lut(dh.device),
-        silu_table(dh.dtype, dh.device) if silu == 2 else None, sig_t, *outs, n, spec.num_blocks(n), la.n_tiles, KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"],
+        silu_table(dh.dtype, dh.device) if silu == 2 else None, sig_t, *outs, n, spec.num_blocks(n), la.n_tiles), dict(
+        KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"],
         BLOCK_P=la.block_p, ROWS=la.rows, FLOAT=fk, HW=hw_, NF4_LUT=launcher.geometry.nf4_lut, SILU=silu, SIG=sig,
         FMA=fma, enable_fp_fusion=False, **fused_vec16("silu_mul_backward", spec, (gate_codes, up_codes), writes=False,
                                                           vec16=vec16),
-        **la.options)
+        **la.options))

@@ -13,7 +13,10 @@ argument list. Checked here:
 * the real-mode launch (CompiledKernel.run with Triton's own bound argument list) on CPU, in a subprocess without
   TRITON_INTERPRET, with a fake driver and a stub compiled kernel: the fast launch passes exactly the arguments
   Triton's JITFunction.run passed on the first call (tensors as their addresses), and launch hooks or a
-  misaligned buffer send the call back through Triton.
+  misaligned buffer send the call back through Triton;
+* ``Launcher.launch`` (any kernel; agoq-cuda's fused LAAQ kernels: rmsnorm_quant, silu_mul_quant, silu_mul_backward):
+  its key argument by argument on a small kernel, the fused ops' bits against Triton's own dispatch call after call
+  (new inputs, fresh outputs, rmsnorm's optional rinv, another row count), and in real mode the exact argument list.
 """
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ import textwrap
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from agoq_core.formats import reference as ref
 from agoq_core.formats.spec import get_format
@@ -218,8 +223,172 @@ def test_entries_do_not_hold_the_buffers(device):
     assert all(e.template[i] is None for i in e.slots)
 
 
+# ---- Launcher.launch: the fused LAAQ kernels (agoq_cuda.fused_norm, agoq_cuda.fused_swiglu) ----------------------
+FUSED_FORMATS = ["int4", "nf4", "fp8_e4m3", "mxfp4"]
+
+
+@pytest.fixture
+def plugin_launcher(monkeypatch):
+    """agoq-cuda's LAUNCHER (the fused ops launch through it) with the fast path on, entries built in the interpreter,
+    and no entries or hits from earlier tests."""
+    from agoq_cuda.launch import LAUNCHER
+
+    for name, value in (("fast", True), ("fast_interpreted", True), ("_fast", {}), ("fast_hits", 0)):
+        monkeypatch.setattr(LAUNCHER, name, value)
+    return LAUNCHER
+
+
+def _counted(la, hit: bool, call, what: str) -> None:
+    """call() on the fast path: one cache hit and no new entry, or (a miss) one new entry."""
+    hits, keys = la.fast_hits, len(la._fast)
+    call()
+    assert (la.fast_hits - hits, len(la._fast) - keys) == ((1, 0) if hit else (0, 1)), what
+
+
+def _unhurried(la, call) -> None:
+    """call() with the fast path off: Triton's own dispatch (JITFunction.run)."""
+    la.fast = False
+    try:
+        call()
+    finally:
+        la.fast = True
+
+
+def _assert_entries_hold_no_tensors(la) -> None:
+    for e in la._fast.values():
+        assert e.slots and all(e.template[i] is None for i in e.slots)
+        assert not any(isinstance(v, torch.Tensor) for v in e.template)
+    assert any(isinstance(k, str) for e in la._fast.values() for k in e.kinds)  # elut_ptr: a keyword tensor slot
+
+
+@pytest.mark.parametrize("fmt", FUSED_FORMATS)
+def test_fused_norm_fast_launch_bit_identical(fmt, plugin_launcher, device):
+    """rmsnorm_quant_into through Launcher.launch: the calls after the first of a key hit the cache and write the same
+    bits as Triton's own dispatch, into each call's own fresh outputs from each call's own inputs; the optional rinv
+    output (None or a tensor) and another row count are other keys."""
+    from agoq_cuda.fused_norm import rmsnorm_quant_into
+
+    la, spec, h = plugin_launcher, get_format(fmt), 256
+
+    def outs(m):  # y, codes, scales, rinv: poisoned, so a launch that writes elsewhere shows
+        return (torch.full((m, h), 7.0, dtype=torch.bfloat16, device=device),
+                torch.full((spec.code_bytes(m * h),), 0xA5, dtype=torch.uint8, device=device),
+                torch.full((spec.num_blocks(m * h),), -7.0, device=device),
+                torch.full((m,), -1.0, device=device))
+
+    # (rows, rinv wanted, a cache hit)
+    calls = [(2, False, False), (2, False, True), (2, True, False), (2, True, True), (2, False, True),
+             (3, False, False), (3, False, True)]
+    for i, (m, with_r, hit) in enumerate(calls):
+        x = _data(spec, m * h, i, device).view(m, h)
+        w = (1 + 0.1 * _data(spec, h, 50 + i, device)).to(torch.bfloat16)
+        fast_out, slow_out = outs(m), outs(m)
+
+        def run(o):
+            rmsnorm_quant_into(x, w, 1e-5, spec, *o[:3], rinv=o[3] if with_r else None)
+
+        _counted(la, hit, lambda: run(fast_out), f"{fmt} call {i}")
+        _unhurried(la, lambda: run(slow_out))
+        for a, b, what in zip(fast_out, slow_out, ("y", "codes", "scales", "rinv")):
+            assert_bits_equal(a, b, f"{fmt} rmsnorm_quant {what}, call {i}")
+        rc, rs = ref.quantize_blocks(x.cpu().reshape(-1), spec)
+        assert_bits_equal(fast_out[1], rc, f"{fmt} rmsnorm_quant codes vs reference, call {i}")
+        assert_bits_equal(fast_out[2], rs, f"{fmt} rmsnorm_quant scales vs reference, call {i}")
+        assert bool((fast_out[3] > 0).all()) == with_r
+    assert la.fast_hits == 4 and len(la._fast) == 3
+    _assert_entries_hold_no_tensors(la)
+
+
+@pytest.mark.parametrize("fmt", FUSED_FORMATS)
+def test_fused_swiglu_fast_launch_bit_identical(fmt, plugin_launcher, device):
+    """silu_mul_quant_into and silu_mul_backward_into through Launcher.launch: hits after the first call of a key,
+    the same bits as Triton's own dispatch for every call (new inputs, fresh outputs), another size another key."""
+    from agoq_cuda.fused_swiglu import silu_mul_backward_into, silu_mul_quant_into
+
+    la, spec, cols = plugin_launcher, get_format(fmt), 256
+    for i, (rows, hit) in enumerate([(2, False), (2, True), (2, True), (3, False), (3, True)]):
+        n = rows * cols
+        gate, up, dh = (_data(spec, n, 3 * i + k, device).view(rows, cols) for k in range(3))
+
+        def fwd_outs():  # h, gate codes/scales, up codes/scales
+            return [torch.full_like(gate, 3.0), *_buffers(spec, n, device), *_buffers(spec, n, device)]
+
+        ff, fs = fwd_outs(), fwd_outs()
+        _counted(la, hit, lambda: silu_mul_quant_into(gate, up, spec, ff[0], *ff[1:]), f"{fmt} forward {i}")
+        _unhurried(la, lambda: silu_mul_quant_into(gate, up, spec, fs[0], *fs[1:]))
+        for a, b, what in zip(ff, fs, ("h", "gate codes", "gate scales", "up codes", "up scales")):
+            assert_bits_equal(a, b, f"{fmt} silu_mul_quant {what}, call {i}")
+
+        bf, bs = ([torch.full_like(dh, 5.0) for _ in range(3)] for _ in range(2))  # h, dgate, dup
+        _counted(la, hit, lambda: silu_mul_backward_into(dh, *ff[1:], spec, *bf), f"{fmt} backward {i}")
+        _unhurried(la, lambda: silu_mul_backward_into(dh, *ff[1:], spec, *bs))
+        for a, b, what in zip(bf, bs, ("h", "dgate", "dup")):
+            assert_bits_equal(a, b, f"{fmt} silu_mul_backward {what}, call {i}")
+        assert not bool((bf[1] == 5.0).all())
+    assert la.fast_hits == 6 and len(la._fast) == 4
+    _assert_entries_hold_no_tensors(la)
+
+
+@triton.jit
+def _scale_kernel(x_ptr, y_ptr, r_ptr, n, s, BLOCK: tl.constexpr, TAG: tl.constexpr = 0):
+    """y = x * s; r = y + 1 where r_ptr is given (a pointer that may be None: no constexpr flag tells). TAG: unused
+    (only the key sees it)."""
+    offs = tl.arange(0, BLOCK)
+    m = offs < n
+    v = tl.load(x_ptr + offs, mask=m) * s
+    tl.store(y_ptr + offs, v, mask=m)
+    if r_ptr is not None:
+        tl.store(r_ptr + offs, v + 1.0, mask=m)
+
+
+class _Float(float):
+    """A float of a type the key does not cover."""
+
+
+def test_launch_keys_every_argument(device):
+    """Launcher.launch's key, one argument at a time: a pointer None or given, another float (-0.0 too), 1 or True,
+    another int, another 16-byte alignment, another dtype of a pointer: each a new entry; the same again: a hit; an
+    argument of a type the key does not cover: the normal launch, no entry. Each call's outputs are its own."""
+    la, _ = _launchers()
+    x = torch.arange(40, dtype=torch.float32, device=device)
+
+    def call(hit, xs, n=32, s=2.0, with_r=False, tag=0):
+        y, r = torch.full_like(x, -5.0), torch.full_like(x, -5.0)
+        _counted(la, hit, lambda: la.launch(_scale_kernel, 1, (xs, y), {"r_ptr": r if with_r else None, "n": n,
+                                                                         "s": s, "BLOCK": 64, "TAG": tag,
+                                                                         "enable_fp_fusion": False}), str((n, s)))
+        if str(s) == "-0.0":  # the interpreter drops the sign of a -0.0 argument (a GPU launcher passes its bits)
+            assert bool((y[:n] == 0).all())
+        else:  # exact: small integers times 2, 3 or 0
+            assert_bits_equal(y[:n], xs[:n].float() * s, f"y, s={s}")
+        assert bool((y[n:] == -5.0).all())
+        assert torch.equal(r[:n], y[:n] + 1.0) if with_r else bool((r == -5.0).all())
+
+    call(False, x)
+    call(True, x)
+    call(False, x, with_r=True)
+    call(True, x, with_r=True)
+    call(True, x)
+    call(False, x, s=3.0)
+    call(False, x, s=0.0)
+    call(False, x, s=-0.0)  # == 0.0, but other bits: another key
+    call(True, x, s=-0.0)
+    call(False, x, tag=1)
+    call(False, x, tag=True)  # == 1, but another constexpr to Triton: another key
+    call(True, x, tag=True)
+    call(False, x, n=31)
+    call(True, x[4:])    # 16 bytes further: the same alignment class (the entry, filled with this pointer)
+    call(False, x[1:])   # 4 bytes further: another
+    call(True, x[1:])
+    call(False, x.to(torch.float16))
+    keys = len(la._fast)
+    hits = la.fast_hits
+    la.launch(_scale_kernel, 1, (x, torch.empty_like(x)), {"r_ptr": None, "n": 32, "s": _Float(2.0), "BLOCK": 64})
+    assert (len(la._fast), la.fast_hits) == (keys, hits)
+
+
 # ---- the real-mode launch, on CPU: a fake NVIDIA driver and a stub CompiledKernel -----------------------------
-_REAL_MODE = textwrap.dedent('''
+_FAKE_TRITON = textwrap.dedent('''
     import torch, triton
     from triton.backends.compiler import GPUTarget
     from triton.runtime import driver
@@ -247,15 +416,30 @@ _REAL_MODE = textwrap.dedent('''
     JITFunction._do_compile = _do_compile
 
     from agoq_core.formats.spec import get_format
-    from agoq_cuda.launch import CudaGeometry
     from agoq_triton_kernels import launch as L
     assert not L.is_interpreted()
     L.COMPILED_TYPES = (Stub,)
-    la = L.Launcher(CudaGeometry())
-    assert la.fast
 
     def norm(a):  # tensors as the address the launcher sends
         return tuple(x.data_ptr() if isinstance(x, torch.Tensor) else x for x in a)
+
+    def hooked_then_fast(launcher, call):  # call() has an entry
+        from triton import knobs
+        hook = lambda md: None
+        knobs.runtime.launch_enter_hook.add(hook)
+        try:  # a launch hook set: Triton's dispatch (the hook gets its metadata)
+            CALLS.clear(); hits = launcher.fast_hits
+            call()
+            assert launcher.fast_hits == hits and CALLS[0][7] is knobs.runtime.launch_enter_hook
+        finally:
+            knobs.runtime.launch_enter_hook.remove(hook)
+        call()  # and the entry again
+        assert launcher.fast_hits == hits + 1
+''')
+_REAL_MODE = _FAKE_TRITON + textwrap.dedent('''
+    from agoq_cuda.launch import CudaGeometry
+    la = L.Launcher(CudaGeometry())
+    assert la.fast
 
     for fmt in ("fp8_e4m3", "int4", "nf4"):
         spec = get_format(fmt)
@@ -287,19 +471,7 @@ _REAL_MODE = textwrap.dedent('''
     la.quantize(buf[1:], spec, codes, scales)
     assert la.fast_hits == hits + 1
 
-    # a launch hook set: the normal path (the hook gets Triton's metadata)
-    from triton import knobs
-    seen = []
-    hook = lambda md: seen.append(md)
-    knobs.runtime.launch_enter_hook.add(hook)
-    try:
-        CALLS.clear(); hits = la.fast_hits
-        la.quantize(buf[1:], spec, codes, scales)
-        assert la.fast_hits == hits and CALLS[0][7] is knobs.runtime.launch_enter_hook
-    finally:
-        knobs.runtime.launch_enter_hook.remove(hook)
-    la.quantize(buf[1:], spec, codes, scales)
-    assert la.fast_hits == hits + 1
+    hooked_then_fast(la, lambda: la.quantize(buf[1:], spec, codes, scales))
     print("REAL-MODE OK")
 ''')
 
@@ -309,3 +481,66 @@ def test_real_mode_launch_matches_triton_dispatch():
     env["CUDA_VISIBLE_DEVICES"] = ""
     r = subprocess.run([sys.executable, "-c", _REAL_MODE], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "REAL-MODE OK" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+# The fused LAAQ kernels in real mode (agoq-cuda's LAUNCHER): a hit passes exactly what Triton's own dispatch of the
+# same call (same buffers, fast path off) passes, with every tensor as that call's address.
+_REAL_MODE_FUSED = _FAKE_TRITON + textwrap.dedent('''
+    from agoq_cuda.fused_norm import rmsnorm_quant_into
+    from agoq_cuda.fused_swiglu import silu_mul_backward_into, silu_mul_quant_into
+    from agoq_cuda.launch import LAUNCHER
+    assert LAUNCHER.fast
+
+    def dispatched(call):  # the launch Triton's JITFunction.run makes for call()
+        LAUNCHER.fast = False
+        try:
+            CALLS.clear(); call(); (c,) = CALLS
+        finally:
+            LAUNCHER.fast = True
+        return c
+
+    def check(make, what):  # make() -> a call on fresh buffers
+        first, second = make(), make()
+        CALLS.clear(); hits, keys = LAUNCHER.fast_hits, len(LAUNCHER._fast)
+        first(); second()
+        assert (LAUNCHER.fast_hits, len(LAUNCHER._fast)) == (hits + 1, keys + 1), what
+        triton_first, fast_second = CALLS
+        want = dispatched(second)
+        assert fast_second[:6] == want[:6] and fast_second[6:9] == (None, None, None), (what, fast_second[:9])
+        assert fast_second[9:] == norm(want[9:]), (what, fast_second[9:], norm(want[9:]))
+        assert fast_second[9:] != norm(triton_first[9:]), what  # the buffers were the second call's
+        for e in LAUNCHER._fast.values():
+            assert all(e.template[i] is None for i in e.slots) and e.run is not None
+            assert not any(isinstance(v, torch.Tensor) for v in e.template)
+
+    h = 256
+    for fmt in ("int4", "nf4", "fp8_e4m3"):
+        spec = get_format(fmt)
+        x = torch.randn(4, h).to(torch.bfloat16); w = torch.ones(h, dtype=torch.bfloat16)
+        n = x.numel()
+        def codec():
+            return (torch.zeros(spec.code_bytes(n), dtype=torch.uint8), torch.zeros(spec.num_blocks(n)))
+        for with_r in (False, True):  # rinv None, then a tensor: another key
+            def norm_call():
+                y, (c, s), r = torch.empty_like(x), codec(), torch.zeros(4) if with_r else None
+                return lambda: rmsnorm_quant_into(x, w, 1e-5, spec, y, c, s, rinv=r)
+            check(norm_call, (fmt, "rmsnorm_quant", with_r))
+        def fwd_call():
+            hh, (gc, gs), (uc, us) = torch.empty_like(x), codec(), codec()
+            return lambda: silu_mul_quant_into(x, x, spec, hh, gc, gs, uc, us)
+        check(fwd_call, (fmt, "silu_mul_quant"))
+        def bwd_call():
+            (gc, gs), (uc, us), outs = codec(), codec(), [torch.empty_like(x) for _ in range(3)]
+            return lambda: silu_mul_backward_into(x, gc, gs, uc, us, spec, *outs)
+        check(bwd_call, (fmt, "silu_mul_backward"))
+
+    hooked_then_fast(LAUNCHER, norm_call())
+    print("REAL-MODE FUSED OK")
+''')
+
+
+def test_real_mode_fused_launch_matches_triton_dispatch():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    r = subprocess.run([sys.executable, "-c", _REAL_MODE_FUSED], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "REAL-MODE FUSED OK" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
