@@ -476,11 +476,16 @@ _REAL_MODE = _FAKE_TRITON + textwrap.dedent('''
 ''')
 
 
-def test_real_mode_launch_matches_triton_dispatch():
+def _real_mode(script: str, done: str) -> None:
+    """Run ``script`` in a fresh interpreter without TRITON_INTERPRET (real mode, with the fake Triton driver)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["CUDA_VISIBLE_DEVICES"] = ""
-    r = subprocess.run([sys.executable, "-c", _REAL_MODE], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and "REAL-MODE OK" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and done in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def test_real_mode_launch_matches_triton_dispatch():
+    _real_mode(_REAL_MODE, "REAL-MODE OK")
 
 
 # The fused LAAQ kernels in real mode (agoq-cuda's LAUNCHER): a hit passes exactly what Triton's own dispatch of the
@@ -540,7 +545,4 @@ _REAL_MODE_FUSED = _FAKE_TRITON + textwrap.dedent('''
 
 
 def test_real_mode_fused_launch_matches_triton_dispatch():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    r = subprocess.run([sys.executable, "-c", _REAL_MODE_FUSED], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and "REAL-MODE FUSED OK" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+    _real_mode(_REAL_MODE_FUSED, "REAL-MODE FUSED OK")
