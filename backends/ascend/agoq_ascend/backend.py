@@ -72,6 +72,7 @@ class AscendBackend(BackendBase):
         self.dist_backend = "gloo" if interpreted else "hccl"
         self.launcher = launcher(props)
         self._max_block = max_block(props)  # ~10 ms of planner arithmetic; capabilities() runs per call
+        self._caps: tuple[vendor.VendorOptions, Capabilities] | None = None  # (built for these vendor options, caps)
 
     # ---- construction --------------------------------------------------------------------------------
     @classmethod
@@ -106,6 +107,13 @@ class AscendBackend(BackendBase):
 
     # ---- what it claims ------------------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
+        """What the backend claims. The core asks before every codec call (LAAQ's store/load, QuanGrad's folds):
+        built once, and again only if ``vendor_options`` is replaced (the rest is fixed at construction)."""
+        if self._caps is None or self._caps[0] is not self.vendor_options:
+            self._caps = (self.vendor_options, self._capabilities())
+        return self._caps[1]
+
+    def _capabilities(self) -> Capabilities:
         fam = self.soc.family
         notes = [f"device: {self.soc.describe()}; {self.props.vector_cores} vector cores, UB {self.props.ub_bytes} bytes",
                  "Triton kernel bodies shared with agoq-cuda (agoq_triton_kernels), Ascend launch geometry "

@@ -163,3 +163,15 @@ def test_agoq_plan_default_candidates_follow_the_device(interp_backend, monkeypa
     assert "fp4_e2m1" not in json.dumps(json.loads(out.out).get("stages_plan"))
     assert main(args + ["--candidates", "int4,fp4_e2m1"]) == 0  # named explicitly: kept, no message
     assert "no units" not in capsys.readouterr().err
+
+
+def test_capabilities_are_built_once_and_follow_the_vendor_options(npu_create):
+    be = B.AscendBackend.create()
+    caps = be.capabilities()
+    assert be.capabilities() is caps  # asked before every codec call: not rebuilt
+    assert not any("vendor operators" in n for n in caps.notes)
+    be.vendor_options = vendor.VendorOptions(ops=frozenset({"npu_dynamic_block_quant"}))
+    again = be.capabilities()
+    assert again is not caps and any("vendor operators on (tolerance level): npu_dynamic_block_quant" in n
+                                     for n in again.notes)
+    assert again.ops == caps.ops and again.formats == caps.formats
