@@ -166,9 +166,9 @@ def train_arm(name: str, cfg: TrainConfig, rt: Runtime, corpus: Corpus,
     # refuses to trace under them): measure the second step instead.
     measure_step = 1 if ((cfg.pp > 1 or cfg.compile) and cfg.steps > 1) else 0
     timed_seconds, timed_tokens = 0.0, 0
-    costs, managed_gc = StepCosts(rt.device), ManagedGC(cfg.gc_every)
-    costs.__enter__()  # both left in the finally below
-    managed_gc.__enter__()
+    scope = contextlib.ExitStack()  # closed in the finally below
+    costs = scope.enter_context(StepCosts(rt.device))
+    managed_gc = scope.enter_context(ManagedGC(cfg.gc_every))
     try:
         for step in range(cfg.steps):
             lr = schedule.get_last_lr()[0]
@@ -237,8 +237,7 @@ def train_arm(name: str, cfg: TrainConfig, rt: Runtime, corpus: Corpus,
         res.reason = f"{type(exc).__name__}: {exc}"
         res.notes.append(traceback.format_exc(limit=6))
     finally:
-        managed_gc.__exit__(None, None, None)
-        costs.__exit__(None, None, None)
+        scope.close()
         if bar is not None:
             bar.close()
     res.step_costs = costs.summary()
