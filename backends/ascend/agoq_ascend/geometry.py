@@ -163,8 +163,9 @@ _QUANTIZE = ([("|x|", 1, _F32), ("flush mask", 1, _BOOL), ("kept x", 1, _F32), (
                 ("codes", 1, _I32)])
 _ENCODE = {
     "int": [("clamped v", 1, _F32), ("rounded v", 1, _F32)],
-    # codes._encode_fp4: |v|, the binade bits of max(|v|, 1), M, |v| + M, the code, the sign compare
-    "fp4_e2m1": [("|v|", 1, _F32), ("binade bits", 1, _I32), ("M", 1, _F32), ("|v| + M", 1, _F32),
+    # codes._encode_fp4: |v|, the three rounded lines 2|v| + M, |v| + M + 2, |v|/2 + M + 4, their minimum, the
+    # sign compare
+    "fp4_e2m1": [("|v|", 1, _F32), ("2|v| + M", 1, _F32), ("|v| + M + 2", 1, _F32), ("|v|/2 + M + 4", 1, _F32),
                  ("code", 1, _I32), ("sign compare", 1, _BOOL)],
     "nf4": [("threshold count", 1, _I32), ("threshold compare", 1, _BOOL)],
     "fp8_e4m3": [("clamped v", 1, _F32), ("v bits", 1, _I32), ("sign", 1, _I32), ("|bits|", 1, _I32),

@@ -240,3 +240,31 @@ def test_decode_every_code(fmt, nf4_lut, device):
         _decode_only[(1,)](c.to(device), lut, dec, c.numel(), KIND=KIND_IDS[spec.kind], BITS=spec.bits,
                            NF4_LUT=nf4_lut, HW=hw, BLOCK=256)
         _same_bits_nan_aware(dec.cpu(), ref.decode_table(spec))
+
+
+@pytest.mark.parametrize("clamp", [False, True])
+def test_fp4_encoder_on_a_stride_of_every_fp32(clamp, device):
+    """codes._encode_fp4 (three rounded lines and their minimum) against the reference's threshold table on
+    every 997th fp32 bit pattern of its domain — |v| <= 6 (1 + 2**-21) unclamped, every finite |v| clamped —
+    both signs, plus every pattern within 64 ulps of each E2M1 tie and binade edge (the exhaustive check of
+    all 2**30 magnitudes ran in numpy when the encoder was written; this keeps a dense slice of it)."""
+    spec = get_format("fp4_e2m1")
+    top = (6.0 * (1 + 2.0**-21)) if not clamp else 3.0e38
+    hi = int(torch.tensor(top, dtype=torch.float32).view(torch.int32))
+    bits = torch.arange(0, hi + 1, 997, dtype=torch.int64)
+    edges = torch.tensor([0.25, 0.75, 1.0, 1.25, 1.75, 2.0, 2.5, 3.5, 4.0, 5.0, 6.0], dtype=torch.float32)
+    near = (edges.view(torch.int32).to(torch.int64)[:, None] + torch.arange(-64, 65)[None, :]).flatten()
+    bits = torch.cat([bits, near[near <= hi]]).to(torch.int32)
+    mag = bits.view(torch.float32)
+    v = torch.cat([mag, -mag])
+    n = v.numel()
+    codes = torch.empty(n, dtype=torch.int32, device=device)
+    dec = torch.empty(n, dtype=torch.float32, device=device)
+    lut = torch.tensor(C.NF4_LEVELS_KERNEL, dtype=torch.float32, device=device)
+    elut = torch.tensor(encode_lut(spec.kind), dtype=torch.int64, device=device)
+    _encode_decode[(triton.cdiv(n, _BLOCK),)](v.to(device), codes, lut, elut, dec, n, KIND=KIND_IDS[spec.kind],
+                                              BITS=4, QMAX=spec.qmax, NF4_LUT=False, HW=False,
+                                              ENC=0 if clamp else 1, BLOCK=_BLOCK)
+    want = ref.encode(v, spec).to(torch.int32)
+    bad = (codes.cpu() != want).nonzero().flatten()
+    assert bad.numel() == 0, f"v={v[bad[0]].item()!r}: got {int(codes[bad[0]])} want {int(want[bad[0]])}"
