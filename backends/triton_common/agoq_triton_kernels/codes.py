@@ -287,7 +287,8 @@ def bucket_encode(v, elut_ptr, PER_UNIT: tl.constexpr, OFFSET: tl.constexpr, HW:
         kf = v * PER_UNIT + (_RNE_MAGIC + OFFSET)
     w = tl.load(elut_ptr + (kf.to(tl.int32, bitcast=True) & 63))  # _RNE_MAGIC_BITS & 63 == 0
     t = w.to(tl.int32).to(tl.float32, bitcast=True)
-    return (w >> 32).to(tl.int32) + (v > t).to(tl.int32)
+    # + (v > t): the sign bit of t - v (its sign is exact: RN keeps it, and 0 only when v == t), one shift-add
+    return (w >> 32).to(tl.int32) - ((t - v).to(tl.int32, bitcast=True) >> 31)
 
 
 @triton.jit
