@@ -83,9 +83,10 @@ def compile_codec(op: str, fmt: str, arch: int = 90, nf4_lut: bool = True) -> di
     return _compile_and_count(fn, sig, c, la.options["num_warps"], la.rows * spec.block, arch, rec)
 
 
-def _compile_and_count(fn, sig: dict, c: dict, warps: int, elems: int, arch: int, rec: dict) -> dict:
+def _compile_and_count(fn, sig: dict, c: dict, warps: int, elems: int, arch: int, rec: dict,
+                       maxnreg: int | None = None) -> dict:
     """Compile ``fn`` (signature ``sig``, constexprs ``c``) for sm_``arch`` and count its SASS per element
-    (``elems`` elements per loop iteration of the whole program)."""
+    (``elems`` elements per loop iteration of the whole program); ``maxnreg``: ptxas's register cap, as launched."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import ASTSource
@@ -99,12 +100,13 @@ def _compile_and_count(fn, sig: dict, c: dict, warps: int, elems: int, arch: int
     attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in sig
              if sig[k].startswith("*") or k in ("codes_stride", "scales_stride")}
     src = ASTSource(fn, {k: sig.get(k, "constexpr") for k in fn.arg_names}, c, attrs)
-    ck = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                        options={"num_warps": warps, "enable_fp_fusion": False})
+    opts = {"num_warps": warps, "enable_fp_fusion": False, **({"maxnreg": maxnreg} if maxnreg else {})}
+    ck = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
     threads = 32 * warps
     rec.update({"warps": warps, "elements_per_tile": elems,
                 "ptx_lines": sum(1 for ln in ck.asm["ptx"].splitlines() if ln.strip().endswith(";")),
-                "registers": getattr(ck, "n_regs", None), "shared_bytes": ck.metadata.shared})
+                "registers": getattr(ck, "n_regs", None) or _registers(ck.asm["cubin"]),
+                "shared_bytes": ck.metadata.shared})
     sass = _sass(ck.asm["cubin"])
     if sass is not None:
         ins = _parse(sass)
@@ -114,6 +116,7 @@ def _compile_and_count(fn, sig: dict, c: dict, warps: int, elems: int, arch: int
         rec["loop_instructions"] = len(body)
         rec["loop_per_element"] = round(len(body) * threads / elems, 2)
         rec["loop_opcodes"] = dict(collections.Counter(_opcode(t) for _, t in body).most_common())
+        rec["local_memory_ops"] = sum(1 for _, t in ins if _opcode(t) in ("STL", "LDL"))  # register spills
         rec["_sass"] = sass
     return rec
 
@@ -122,7 +125,8 @@ def _compile_and_count(fn, sig: dict, c: dict, warps: int, elems: int, arch: int
 FUSED_OPS = ("silu_mul_quant", "silu_mul_backward", "rmsnorm_quant")
 
 
-def compile_fused(op: str, fmt: str, vec16: bool, arch: int = 90, hidden: int = 4096) -> dict:
+def compile_fused(op: str, fmt: str, vec16: bool, arch: int = 90, hidden: int = 4096,
+                  maxnreg: int | None = None) -> dict:
     """Compile a fused kernel of agoq-cuda (FUSED_OPS) for sm_90 on the generic or the 16-lane tile, as it is
     launched on an H200 (bf16; SiLU&Mul: variants ``libdevice`` / ``table_fma``, the codec geometry's rows and
     warps; RMSNorm: variant ``tree``, one ``hidden``-element token row per loop iteration), and count its SASS."""
@@ -171,7 +175,10 @@ def compile_fused(op: str, fmt: str, vec16: bool, arch: int = 90, hidden: int = 
             c[k] = None
     c = {k: v for k, v in c.items() if k in fn.arg_names}
     rec = {"op": op, "fmt": fmt, "tile": "vec16" if c.get("VEC16") else "generic", "rows": elems // spec.block}
-    return _compile_and_count(fn, sig, c, warps, elems, arch, rec)
+    cap = fused_norm.MAXNREG.get((fmt, bool(c.get("VEC16")))) if op == "rmsnorm_quant" else None
+    if maxnreg is not None:
+        cap = maxnreg or None
+    return _compile_and_count(fn, sig, c, warps, elems, arch, rec, maxnreg=cap)
 
 
 def _parse(sass: str) -> list[tuple[int, str]]:
@@ -208,7 +215,7 @@ def loop_body(ins: list[tuple[int, str]]) -> list[tuple[int, str]]:
     return [(a, t) for a, t in body if a not in cold]
 
 
-def _sass(cubin: bytes) -> str | None:
+def _cuobjdump(cubin: bytes, flag: str) -> str | None:
     try:
         import triton.backends.nvidia as nv
 
@@ -216,9 +223,21 @@ def _sass(cubin: bytes) -> str | None:
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(cubin)
             f.flush()
-            return subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, timeout=60).stdout
+            return subprocess.run([cuobjdump, flag, f.name], capture_output=True, text=True, timeout=60).stdout
     except Exception:
         return None
+
+
+def _sass(cubin: bytes) -> str | None:
+    return _cuobjdump(cubin, "-sass")
+
+
+def _registers(cubin: bytes) -> int | None:
+    """Registers per thread from the cubin's resource usage (``REG:N``): what sets occupancy; known without a
+    GPU (Triton's ``n_regs`` is filled in only when a driver loads the kernel)."""
+    out = _cuobjdump(cubin, "-res-usage") or ""
+    m = re.search(r"REG:(\d+)", out)
+    return int(m.group(1)) if m else None
 
 
 FORMATS = ["int4", "int5", "int6", "int8", "fp4_e2m1", "nf4", "fp8_e4m3", "fp8_e5m2", "mxfp4", "mxfp8", "nvfp4"]

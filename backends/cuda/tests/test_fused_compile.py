@@ -38,3 +38,31 @@ def test_codec_kernel_counts_still_compile(tmp_path):
     recs = json.loads(out.read_text())
     assert [(x["op"], x["fmt"]) for x in recs] == [("quantize", "nf4"), ("dequantize", "nf4")]
     assert all(x["elements_per_tile"] == x["rows"] * 128 for x in recs)  # nf4 blocks of 128 (the default)
+
+
+_CAPS_SCRIPT = """
+import json, sys
+from agoq_cuda import codec_isa, fused_norm
+out = []
+for (fmt, vec16), cap in sorted(fused_norm.MAXNREG.items()):
+    for m in (cap, 0):  # as launched, then uncapped
+        r = codec_isa.compile_fused("rmsnorm_quant", fmt, vec16, maxnreg=m)
+        out.append({"fmt": fmt, "vec16": vec16, "cap": m, "registers": r["registers"],
+                    "spills": r.get("local_memory_ops")})
+json.dump(out, sys.stdout)
+"""
+
+
+def test_fused_norm_register_caps_spill_nothing_and_are_needed():
+    """fused_norm.MAXNREG: each capped kernel fits its cap without a register spill (no local-memory op in its
+    sm_90 SASS), and without the cap ptxas takes more registers (so the cap buys a program per SM)."""
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _CAPS_SCRIPT], env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = json.loads(r.stdout)
+    if any(x["registers"] is None or x["spills"] is None for x in recs):
+        pytest.skip("cuobjdump not available: compiled, not counted")
+    for capped, free in zip(recs[::2], recs[1::2]):
+        assert capped["registers"] <= capped["cap"] and capped["spills"] == 0, capped
+        assert free["registers"] > capped["cap"], free
