@@ -291,7 +291,8 @@ def _plan(cell, model, seq, options, loss, device, measured=None, headroom=0.02,
             except BudgetError:
                 break
         return plan
-    budget = cell["cap_bytes"] or torch.cuda.get_device_properties(device).total_memory
+    total = torch.cuda.get_device_properties(device).total_memory
+    budget = min(cell["cap_bytes"], total) if cell["cap_bytes"] else total  # an 80 GiB cap on a 79.2 GiB H100
     return plan_budget(model.config, budget=budget, **kw)
 
 

@@ -24,6 +24,7 @@ keeps only its 4-bit input.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -160,6 +161,27 @@ class PolicyReport:
         return f"memory-budget policy on {len(self.choices)} layers: " + ", ".join(f"{k} x{v}" for k, v in mix.items())
 
 
+def device_capacity(model: nn.Module) -> tuple[str, int] | None:
+    """(device, total bytes) of the accelerator the model's parameters are on; None on the CPU."""
+    import torch
+
+    p = next(model.parameters(), None)
+    if p is None or p.device.type != "cuda":
+        return None
+    return str(p.device), torch.cuda.get_device_properties(p.device).total_memory
+
+
+def _warn_budget_over_device(model: nn.Module, budget: int | None) -> None:
+    """A plan made for more memory than the device has would run out of memory after the model was converted
+    (e.g. ``--budget 80GiB`` on an "80 GB" H100, which has 79.2 GiB, part of it the CUDA context's)."""
+    cap = device_capacity(model) if budget else None
+    if cap and budget > cap[1]:
+        warnings.warn(f"apply_policy: the plan was made for a budget of {budget / 2**30:.1f} GiB but {cap[0]} has "
+                      f"{cap[1] / 2**30:.1f} GiB in all; it will likely run out of memory. Plan with a budget below "
+                      f"the device's memory (plan_budget(..., budget={int(cap[1] * 0.97)}) leaves 3% for the CUDA "
+                      "context).", RuntimeWarning, stacklevel=3)
+
+
 def apply_policy(model: nn.Module, plan: Any, *, convert_final_norm: bool | None = None,
                  backend: str | None = None, compile_backend: str = "inductor", float8: Any = False) -> PolicyReport:
     """Apply ``plan`` (a BudgetPlan, or one option name per decoder layer) to ``model``; returns the report.
@@ -192,6 +214,7 @@ def apply_policy(model: nn.Module, plan: Any, *, convert_final_norm: bool | None
         raise AgoqError(f"the plan has {len(choices)} layer choices but {type(model).__name__} has {len(layers)} "
                         f"decoder layers; plan for this model (plan_budget(model.config, ...))")
     parsed = [parse_option(c) for c in choices]
+    _warn_budget_over_device(model, getattr(plan, "budget_bytes", None))
     if float8:
         bad = sorted({f"{k}:{f}" for k, f in parsed if k in NOT_FLOAT8})
         if bad:

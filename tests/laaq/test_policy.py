@@ -94,6 +94,26 @@ def test_plan_object_applies_and_wrong_length_is_refused():
     rep.undo()
 
 
+def test_a_plan_for_more_memory_than_the_device_has_warns(monkeypatch):
+    """apply_policy warns when the plan's budget exceeds the memory of the device the model is on (an "80 GB"
+    H100 has 79.2 GiB: a plan for 80 GiB ran out of memory there on 2026-12-06). No GPU here: the capacity
+    lookup is replaced by an H100's numbers; the CPU itself has no budget to exceed."""
+    import warnings
+
+    from agoq_core.laaq import policy
+
+    model = tiny_model("llama", layers=2, hidden=128, intermediate=344)
+    assert policy.device_capacity(model) is None  # parameters on the CPU: nothing to compare with
+    plan = plan_budget(model.config, budget="80GiB", seq_len=64, batch=2, options="bf16,laaq:nf4")
+    monkeypatch.setattr(policy, "device_capacity", lambda m: ("cuda:0", 85_031_714_816))  # 79.2 GiB
+    with pytest.warns(RuntimeWarning, match=r"budget of 80.0 GiB but cuda:0 has 79.2 GiB"):
+        apply_policy(model, plan).undo()
+    fits = plan_budget(model.config, budget="79GiB", seq_len=64, batch=2, options="bf16,laaq:nf4")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        apply_policy(model, fits).undo()
+
+
 def _live_activation_bytes(choices, ids) -> int:
     """Activation bytes alive after forward of a 2-layer bf16 tiny Llama with ``choices`` applied (torch's
     MemTracker, CPU)."""
