@@ -134,7 +134,7 @@ def compile_fused(op: str, fmt: str, vec16: bool, arch: int = 90, hidden: int = 
 
     from agoq_core.formats.spec import get_format
     from agoq_cuda import fused_norm, fused_swiglu
-    from agoq_cuda.launch import CudaGeometry
+    from agoq_cuda.launch import MAXNREG, CudaGeometry
     from agoq_triton_kernels.layout import FLOAT_BF16, format_constexprs
 
     spec = get_format(fmt)
@@ -175,7 +175,7 @@ def compile_fused(op: str, fmt: str, vec16: bool, arch: int = 90, hidden: int = 
             c[k] = None
     c = {k: v for k, v in c.items() if k in fn.arg_names}
     rec = {"op": op, "fmt": fmt, "tile": "vec16" if c.get("VEC16") else "generic", "rows": elems // spec.block}
-    cap = fused_norm.MAXNREG.get((fmt, bool(c.get("VEC16")))) if op == "rmsnorm_quant" else None
+    cap = MAXNREG.get((op, fmt, bool(c.get("VEC16"))))  # as launched
     if maxnreg is not None:
         cap = maxnreg or None
     return _compile_and_count(fn, sig, c, warps, elems, arch, rec, maxnreg=cap)

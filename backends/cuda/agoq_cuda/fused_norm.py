@@ -127,13 +127,6 @@ def _rmsnorm_quant_kernel(x_ptr, w_ptr, y_ptr, codes_ptr, scales_ptr, M, eps, ts
         t += tl.num_programs(0)
 
 
-#: Register cap (ptxas ``maxnreg``) of the fused norm per (format, 16-lane tile): where the uncapped kernel takes a
-#: few registers over 64 — one program fewer per SM — and the capped one spills nothing (sm_90 SASS, checked by
-#: test_fused_norm_maxnreg.py without a GPU). fp4_e2m1 / mxfp4 on the generic tile: 73 / 72 -> 64 registers;
-#: int6: 78 -> 64. Not nf4's generic tile (98: the cap spills) nor nvfp4 (76-80: it spills).
-MAXNREG = {("fp4_e2m1", False): 64, ("mxfp4", False): 64, ("int6", False): 64}
-
-
 def rmsnorm_quant_unsupported(x: torch.Tensor, weight: torch.Tensor, spec) -> str | None:
     """Why the fused RMSNorm + quantize cannot run here (None: it can). Launches nothing."""
     if x.dim() < 1 or not x.is_contiguous():
@@ -192,7 +185,7 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
     order, rsq = VARIANTS[variant]
     if rsq and x.device.type == "cpu":
         raise ValueError(f"rmsnorm_quant: variant {variant!r} needs a GPU (rsqrt.approx.f32)")
-    from agoq_cuda.launch import LAUNCHER, fused_vec16  # the plugin's geometry decides HW and the tile
+    from agoq_cuda.launch import LAUNCHER, fused_maxnreg, fused_vec16  # the plugin's geometry decides HW and the tile
 
     n, h = x.numel(), x.shape[-1]
     check_codec_buffers(spec, n, codes, scales, x.device, "rmsnorm_quant")
@@ -217,9 +210,7 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
     warps = warps or (4 if h <= 2048 else 8 if h <= 8192 else 16)
     tile = fused_vec16("rmsnorm_quant", spec, (codes,), writes=True, vec16=vec16)
     extra = {} if x.device.type == "cpu" else {"num_warps": warps}
-    cap = MAXNREG.get((spec.name, bool(tile))) if x.device.type != "cpu" else None
-    if cap:
-        extra["maxnreg"] = cap
+    extra.update(fused_maxnreg("rmsnorm_quant", spec, tile, x.device))
     elut = LAUNCHER._elut(spec, x.device)  # NF4: the bucket table (one gather per element), as the codec kernels
     LAUNCHER.launch(_rmsnorm_quant_kernel, max(1, nprog), (
         xv, wv, yv, codes.view(torch.int8), scales, m, float(eps), LAUNCHER.tensor_scale(spec, x), rinv), dict(

@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from agoq_cuda.launch import fused_vec16
+from agoq_cuda.launch import fused_maxnreg, fused_vec16
 from agoq_triton_kernels.buffers import check_codec_buffers, float_view
 from agoq_triton_kernels.codes import bf16_bits_to_f32, f32_to_bf16_bits
 from agoq_triton_kernels.kernels import (_dequantize16, _load_f32, _quantize16, _store_codes16, _store_f32, _tile,
@@ -274,14 +274,14 @@ def silu_mul_quant_into(gate: torch.Tensor, up: torch.Tensor, spec, h: torch.Ten
     uv, _ = float_view(up.reshape(-1), "silu_mul_quant")
     hv, _ = float_view(h.reshape(-1), "silu_mul_quant")
     elut = launcher._elut(spec, gate.device)
+    tile = fused_vec16("silu_mul_quant", spec, (gate_codes, up_codes), writes=True, vec16=vec16)
     launcher.launch(_silu_mul_quant_kernel, la.grid, (
         gv, uv, hv, gate_codes.view(torch.int8), gate_scales, up_codes.view(torch.int8), up_scales,
         n, spec.num_blocks(n), la.n_tiles), dict(
         KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"], BLOCK_P=la.block_p,
         QMAX=c["QMAX"], ROWS=la.rows, FLOAT=fk, HW=hw_, SILU=silu, SCALE=c.get("SCALE", 0),
         elut_ptr=elut, NF4_LUT=elut is not None, tab_ptr=silu_table(gate.dtype, gate.device) if silu == 2 else None,
-        enable_fp_fusion=False, **fused_vec16("silu_mul_quant", spec, (gate_codes, up_codes), writes=True, vec16=vec16),
-        **la.options))
+        enable_fp_fusion=False, **tile, **la.options, **fused_maxnreg("silu_mul_quant", spec, tile, gate.device)))
 
 
 @functools.cache
@@ -330,11 +330,10 @@ def silu_mul_backward_into(dh: torch.Tensor, gate_codes: torch.Tensor, gate_scal
     dv, fk = float_view(dh.reshape(-1), "silu_mul_backward")
     outs = [float_view(t.reshape(-1), "silu_mul_backward")[0] for t in (h, dgate, dup)]
     sig_t = sigmoid_table(dh.dtype, dh.device) if sig else None
+    tile = fused_vec16("silu_mul_backward", spec, (gate_codes, up_codes), writes=False, vec16=vec16)
     launcher.launch(_silu_mul_backward_kernel, la.grid, (
         dv, gate_codes.view(torch.int8), gate_scales, up_codes.view(torch.int8), up_scales, nf4_lut(dh.device),
         silu_table(dh.dtype, dh.device) if silu == 2 else None, sig_t, *outs, n, spec.num_blocks(n), la.n_tiles), dict(
         KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"],
         BLOCK_P=la.block_p, ROWS=la.rows, FLOAT=fk, HW=hw_, NF4_LUT=launcher.geometry.nf4_lut, SILU=silu, SIG=sig,
-        FMA=fma, enable_fp_fusion=False, **fused_vec16("silu_mul_backward", spec, (gate_codes, up_codes), writes=False,
-                                                          vec16=vec16),
-        **la.options))
+        FMA=fma, enable_fp_fusion=False, **tile, **la.options, **fused_maxnreg("silu_mul_backward", spec, tile, dh.device)))

@@ -18,7 +18,7 @@ import torch
 from agoq_triton_kernels.launch import Launch, Launcher, is_interpreted
 from agoq_triton_kernels.layout import next_pow2
 
-__all__ = ["Geometry", "geometry", "CudaGeometry", "VEC16_DEFAULTS", "parse_vec16", "LAUNCHER", "quantize",
+__all__ = ["Geometry", "geometry", "CudaGeometry", "VEC16_DEFAULTS", "MAXNREG", "parse_vec16", "LAUNCHER", "quantize",
            "dequantize", "accumulate", "reduce_requantize", "is_interpreted"]
 
 
@@ -177,6 +177,26 @@ quantize = LAUNCHER.quantize
 dequantize = LAUNCHER.dequantize
 accumulate = LAUNCHER.accumulate
 reduce_requantize = LAUNCHER.reduce_requantize
+
+
+#: Register caps (ptxas ``maxnreg``) of the fused kernels, per (op, format, 16-lane tile): where the uncapped
+#: kernel takes a few registers over 64 — a program fewer per SM — and the capped one spills nothing (sm_90 SASS,
+#: checked without a GPU by test_fused_compile.py::test_fused_register_caps_spill_nothing_and_are_needed).
+#: rmsnorm_quant fp4_e2m1 / mxfp4 / int6 on the generic tile 73 / 72 / 78 -> 64 (on the H100 the uncapped fp4 and
+#: mxfp4 kernels ran ~10% slower than with the older FP4 encoder at 64); silu_mul_backward nf4 on the 16-lane tile
+#: (LAAQ's default) 72 -> 64. Left out where the cap spills: rmsnorm_quant nf4 generic (98), nvfp4 (76-80),
+#: silu_mul_quant on the generic tile (80-96) and mxfp4's 16-lane tile (79).
+MAXNREG: dict[tuple[str, str, bool], int] = {
+    ("rmsnorm_quant", "fp4_e2m1", False): 64, ("rmsnorm_quant", "mxfp4", False): 64,
+    ("rmsnorm_quant", "int6", False): 64, ("silu_mul_backward", "nf4", True): 64,
+}
+
+
+def fused_maxnreg(op: str, spec, tile: dict, device) -> dict:
+    """{"maxnreg": N} for a fused launch of ``op`` on the tile ``tile`` (fused_vec16's answer) where MAXNREG caps it
+    on a GPU; else {}."""
+    cap = MAXNREG.get((op, spec.name, bool(tile))) if device.type != "cpu" else None
+    return {"maxnreg": cap} if cap else {}
 
 
 def fused_vec16(op: str, spec, codes, *, writes: bool, vec16: bool | None = None) -> dict:

@@ -42,20 +42,21 @@ def test_codec_kernel_counts_still_compile(tmp_path):
 
 _CAPS_SCRIPT = """
 import json, sys
-from agoq_cuda import codec_isa, fused_norm
+from agoq_cuda import codec_isa
+from agoq_cuda.launch import MAXNREG
 out = []
-for (fmt, vec16), cap in sorted(fused_norm.MAXNREG.items()):
+for (op, fmt, vec16), cap in sorted(MAXNREG.items()):
     for m in (cap, 0):  # as launched, then uncapped
-        r = codec_isa.compile_fused("rmsnorm_quant", fmt, vec16, maxnreg=m)
-        out.append({"fmt": fmt, "vec16": vec16, "cap": m, "registers": r["registers"],
+        r = codec_isa.compile_fused(op, fmt, vec16, maxnreg=m)
+        out.append({"op": op, "fmt": fmt, "vec16": vec16, "cap": m, "registers": r["registers"],
                     "spills": r.get("local_memory_ops")})
 json.dump(out, sys.stdout)
 """
 
 
-def test_fused_norm_register_caps_spill_nothing_and_are_needed():
-    """fused_norm.MAXNREG: each capped kernel fits its cap without a register spill (no local-memory op in its
-    sm_90 SASS), and without the cap ptxas takes more registers (so the cap buys a program per SM)."""
+def test_fused_register_caps_spill_nothing_and_are_needed():
+    """agoq_cuda.launch.MAXNREG: each capped fused kernel fits its cap without a register spill (no local-memory op
+    in its sm_90 SASS), and without the cap ptxas takes more registers (so the cap buys a program per SM)."""
     pytest.importorskip("triton.backends.nvidia")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", _CAPS_SCRIPT], env=env, capture_output=True, text=True, timeout=900)
