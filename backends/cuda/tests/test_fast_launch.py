@@ -258,7 +258,7 @@ def _assert_entries_hold_no_tensors(la) -> None:
     for e in la._fast.values():
         assert e.slots and all(e.template[i] is None for i in e.slots)
         assert not any(isinstance(v, torch.Tensor) for v in e.template)
-    assert any(isinstance(k, str) for e in la._fast.values() for k in e.kinds)  # elut_ptr: a keyword tensor slot
+    assert any(isinstance(k, str) for e in la._fast.values() for k in e.sources)  # elut_ptr: a keyword tensor slot
 
 
 @pytest.mark.parametrize("fmt", FUSED_FORMATS)

@@ -230,8 +230,7 @@ class _FastEntry:
 
     template: list
     slots: tuple                  # the positions of the call's buffers in ``template`` (_FAST_SLOTS order)
-    kinds: tuple                  # per slot: how the op passes it (_FAST_SLOTS); Launcher.launch: where the call has
-    #                               it (an int: that positional argument, a str: that keyword)
+    kinds: tuple                  # per slot: how the codec op passes it (_FAST_SLOTS)
     grid: int
     plan: Any
     kernel: Any                   # the JITFunction (its pre_run_hooks are checked per call)
@@ -241,6 +240,8 @@ class _FastEntry:
     device_index: int | None = None
     options: dict | None = None   # interpreted mode (tests only): the launch options
     keep: tuple = ()              # real mode: the tables (NF4 LUTs) whose addresses the template holds
+    sources: tuple = ()           # Launcher.launch: per slot, where the call has the tensor (an int: that positional
+    #                               argument, a str: that keyword)
 
 
 def ts_arg(ts: torch.Tensor | None) -> dict:
@@ -509,7 +510,7 @@ class Launcher:
             if e is not None and self._applies(e, kernel):
                 a = e.template.copy()
                 real = e.run is not None
-                for i, src in zip(e.slots, e.kinds):
+                for i, src in zip(e.slots, e.sources):
                     t = args[src] if type(src) is int else kwargs[src]
                     a[i] = t.data_ptr() if real else t
                 self._fire(e, a)
@@ -552,8 +553,8 @@ class Launcher:
             return None
         e, names = b
         e.slots = tuple(i for i, v in enumerate(e.template) if isinstance(v, torch.Tensor))
-        e.kinds = tuple(i if i < len(args) else names[i] for i in e.slots)
-        if any(type(k) is str and k not in kwargs for k in e.kinds):  # a tensor default: not the call's
+        e.sources = tuple(i if i < len(args) else names[i] for i in e.slots)
+        if any(type(k) is str and k not in kwargs for k in e.sources):  # a tensor default: not the call's
             return None
         return self._emptied(e)
 
