@@ -291,8 +291,10 @@ def _plan(cell, model, seq, options, loss, device, measured=None, headroom=0.02,
             except BudgetError:
                 break
         return plan
-    total = torch.cuda.get_device_properties(device).total_memory
-    budget = min(cell["cap_bytes"], total) if cell["cap_bytes"] else total  # an 80 GiB cap on a 79.2 GiB H100
+    budget = cell["cap_bytes"]
+    if not budget or (device is not None and torch.device(device).type == "cuda"):
+        total = torch.cuda.get_device_properties(device).total_memory
+        budget = min(budget, total) if budget else total  # an 80 GiB cap on a 79.2 GiB H100: the card's memory
     return plan_budget(model.config, budget=budget, **kw)
 
 
