@@ -202,6 +202,19 @@ _ENC_VARIANTS = ([(s.name, True, hw, enc) for s in list_formats() for hw in (Fal
 _ENC_IDS = [f"{f}-{'lut' if lut else 'select'}-hw{int(hw)}-enc{e}" for f, lut, hw, e in _ENC_VARIANTS]
 
 
+def _run_encode_decode(v: torch.Tensor, spec, device, *, nf4_lut: bool, hw: bool, enc: int):
+    """_encode_decode over ``v``: (codes, decoded values) on the CPU."""
+    n = v.numel()
+    codes = torch.empty(n, dtype=torch.int32, device=device)
+    dec = torch.empty(n, dtype=torch.float32, device=device)
+    lut = torch.tensor(C.NF4_LEVELS_KERNEL, dtype=torch.float32, device=device)
+    elut = torch.tensor(encode_lut(spec.kind), dtype=torch.int64, device=device)
+    _encode_decode[(triton.cdiv(n, _BLOCK),)](v.to(device), codes, lut, elut, dec, n, KIND=KIND_IDS[spec.kind],
+                                              BITS=spec.bits, QMAX=spec.qmax, NF4_LUT=nf4_lut, HW=hw, ENC=enc,
+                                              BLOCK=_BLOCK)
+    return codes.cpu(), dec.cpu()
+
+
 @pytest.mark.parametrize("fmt,nf4_lut,hw,enc", _ENC_VARIANTS, ids=_ENC_IDS)
 def test_encode_decode_match_reference(fmt, nf4_lut, hw, enc, device):
     spec = get_format(fmt)
@@ -212,20 +225,12 @@ def test_encode_decode_match_reference(fmt, nf4_lut, hw, enc, device):
     v = _scaled_probe(spec, seed=len(fmt))
     if enc == 1:  # unclamped: the kernels only pass |v| <= qmax (1 + 2**-22)
         v = v[v.abs() <= spec.qmax * (1 + 2.0**-22)]
-    n = v.numel()
-    codes = torch.empty(n, dtype=torch.int32, device=device)
-    dec = torch.empty(n, dtype=torch.float32, device=device)
-    lut = torch.tensor(C.NF4_LEVELS_KERNEL, dtype=torch.float32, device=device)
-    elut = torch.tensor(encode_lut(spec.kind), dtype=torch.int64, device=device)
-    _encode_decode[(triton.cdiv(n, _BLOCK),)](v.to(device), codes, lut, elut, dec, n, KIND=KIND_IDS[spec.kind],
-                                              BITS=spec.bits, QMAX=spec.qmax, NF4_LUT=nf4_lut, HW=hw, ENC=enc,
-                                              BLOCK=_BLOCK)
+    got, dec = _run_encode_decode(v, spec, device, nf4_lut=nf4_lut, hw=hw, enc=enc)
     want = ref.encode(v, spec).to(torch.int32)
-    got = codes.cpu()
     bad = (got != want).nonzero().flatten()
     assert bad.numel() == 0, (f"{fmt} hw={hw} enc={enc}: v={v[bad[0]].item()!r}: got code {int(got[bad[0]])} "
                               f"want {int(want[bad[0]])}")
-    _same_bits_nan_aware(dec.cpu(), ref.decode_table(spec)[want.long()])
+    _same_bits_nan_aware(dec, ref.decode_table(spec)[want.long()])
 
 
 @pytest.mark.parametrize("fmt,nf4_lut", _FMT_VARIANTS, ids=_FMT_IDS)
@@ -257,14 +262,7 @@ def test_fp4_encoder_on_a_stride_of_every_fp32(clamp, device):
     bits = torch.cat([bits, near[near <= hi]]).to(torch.int32)
     mag = bits.view(torch.float32)
     v = torch.cat([mag, -mag])
-    n = v.numel()
-    codes = torch.empty(n, dtype=torch.int32, device=device)
-    dec = torch.empty(n, dtype=torch.float32, device=device)
-    lut = torch.tensor(C.NF4_LEVELS_KERNEL, dtype=torch.float32, device=device)
-    elut = torch.tensor(encode_lut(spec.kind), dtype=torch.int64, device=device)
-    _encode_decode[(triton.cdiv(n, _BLOCK),)](v.to(device), codes, lut, elut, dec, n, KIND=KIND_IDS[spec.kind],
-                                              BITS=4, QMAX=spec.qmax, NF4_LUT=False, HW=False,
-                                              ENC=0 if clamp else 1, BLOCK=_BLOCK)
+    codes, _ = _run_encode_decode(v, spec, device, nf4_lut=False, hw=False, enc=0 if clamp else 1)
     want = ref.encode(v, spec).to(torch.int32)
-    bad = (codes.cpu() != want).nonzero().flatten()
+    bad = (codes != want).nonzero().flatten()
     assert bad.numel() == 0, f"v={v[bad[0]].item()!r}: got {int(codes[bad[0]])} want {int(want[bad[0]])}"
