@@ -162,13 +162,19 @@ class PolicyReport:
 
 
 def device_capacity(model: nn.Module) -> tuple[str, int] | None:
-    """(device, total bytes) of the accelerator the model's parameters are on; None on the CPU."""
+    """(device, total bytes) of the accelerator the model's parameters are on (its torch device module's
+    ``get_device_properties(...).total_memory``: CUDA, NPU); None on the CPU or where the module reports none."""
     import torch
 
     p = next(model.parameters(), None)
-    if p is None or p.device.type != "cuda":
+    if p is None or p.device.type in ("cpu", "meta"):
         return None
-    return str(p.device), torch.cuda.get_device_properties(p.device).total_memory
+    try:
+        props = torch.get_device_module(p.device.type).get_device_properties(p.device)
+    except (AttributeError, RuntimeError):
+        return None
+    total = getattr(props, "total_memory", None)
+    return (str(p.device), int(total)) if total else None
 
 
 def _warn_budget_over_device(model: nn.Module, budget: int | None) -> None:
