@@ -336,4 +336,5 @@ def silu_mul_backward_into(dh: torch.Tensor, gate_codes: torch.Tensor, gate_scal
         silu_table(dh.dtype, dh.device) if silu == 2 else None, sig_t, *outs, n, spec.num_blocks(n), la.n_tiles), dict(
         KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"],
         BLOCK_P=la.block_p, ROWS=la.rows, FLOAT=fk, HW=hw_, NF4_LUT=launcher.geometry.nf4_lut, SILU=silu, SIG=sig,
-        FMA=fma, enable_fp_fusion=False, **tile, **la.options, **fused_maxnreg("silu_mul_backward", spec, tile, dh.device)))
+        FMA=fma, enable_fp_fusion=False, **tile, **la.options,
+        **fused_maxnreg("silu_mul_backward", spec, tile, dh.device)))

@@ -240,24 +240,26 @@ def _encode_fp4(v, CLAMP: tl.constexpr = True, HW: tl.constexpr = False):
     is a tie on the line of that binade, and the even code is the even mantissa). Each line is rounded by one
     fp32 add of M = 2**23 (ulp 1): RN(2u + M), RN(u + (M + 2)), RN(u/2 + (M + 4)) are M + the line rounded
     (2u and u/2 are exact, so the adds are the only roundings, with or without FMA contraction), and the
-    minimum of the three sums is taken on their bits (positive floats order as their int32 bits; sm_90 has a
-    three-input integer min), which are M's bits + the code. Only IEEE fp32 adds, multiplies by powers of two
-    and one min — no binade extraction per element; the final subtract folds into the packing's constants
-    (sm_90 SASS: fp4 quantize 17.6 -> 16.4 loop instructions per element, mxfp4 16.9 -> 15.6). Without CLAMP,
-    |v| <= 6 (1 + 2**-21) (the kernels' inputs)."""
+    minimum of the three sums (in fp32, or on CUDA on their bits: positive floats order as their int32 bits, and
+    sm_90 has a three-input integer min) has M's bits + the code as its bits. Only IEEE fp32 adds, multiplies by
+    powers of two and a min — no binade extraction per element; the final subtract folds into the packing's
+    constants (sm_90 SASS: fp4 quantize 17.6 -> 16.4 loop instructions per element, mxfp4 16.9 -> 15.6). Without
+    CLAMP, |v| <= 6 (1 + 2**-21) (the kernels' inputs)."""
     m = tl.abs(v)
-    if HW:  # one FFMA each on CUDA (Triton does not contract here: the codec kernels launch without fp fusion)
+    if HW:  # CUDA: one FFMA per line (Triton does not contract here: the codec kernels launch without fp fusion)
+        #     and the minimum as one three-input integer min (VIMNMX3) of the bits
         f0 = tl.fma(m, 2.0, 8388608.0)
         f2 = tl.fma(m, 0.5, 8388612.0)
-    else:  # the same sums: the products are exact, so contracted or not they round once
-        f0 = m * 2.0 + 8388608.0
-        f2 = m * 0.5 + 8388612.0
-    f0 = f0.to(tl.int32, bitcast=True)
-    f1 = (m + 8388610.0).to(tl.int32, bitcast=True)
-    f2 = f2.to(tl.int32, bitcast=True)
-    f = tl.minimum(tl.minimum(f0, f1), f2)
-    if CLAMP:
-        f = tl.minimum(f, 0x4B000007)  # code 7 (6.0): saturate
+        f1 = (m + 8388610.0).to(tl.int32, bitcast=True)
+        f = tl.minimum(tl.minimum(f0.to(tl.int32, bitcast=True), f1), f2.to(tl.int32, bitcast=True))
+        if CLAMP:
+            f = tl.minimum(f, 0x4B000007)  # code 7 (6.0): saturate
+    else:  # the same sums (the products are exact, so contracted or not they round once), the minimum in fp32
+        #    (int32 vector compares are scalar code on Ascend's vector unit)
+        f = tl.minimum(tl.minimum(m * 2.0 + 8388608.0, m + 8388610.0), m * 0.5 + 8388612.0)
+        if CLAMP:
+            f = tl.minimum(f, 8388615.0)
+        f = f.to(tl.int32, bitcast=True)
     idx = f - 0x4B000000
     return tl.where(v < -0.25, idx | 8, idx)  # |v| > 0.25 iff the magnitude code is not 0
 

@@ -247,11 +247,12 @@ def test_decode_every_code(fmt, nf4_lut, device):
         _same_bits_nan_aware(dec.cpu(), ref.decode_table(spec))
 
 
+@pytest.mark.parametrize("hw", [False, True])
 @pytest.mark.parametrize("clamp", [False, True])
-def test_fp4_encoder_on_a_stride_of_every_fp32(clamp, device):
+def test_fp4_encoder_on_a_stride_of_every_fp32(clamp, hw, device):
     """codes._encode_fp4 (three rounded lines and their minimum) against the reference's threshold table on
     every 997th fp32 bit pattern of its domain — |v| <= 6 (1 + 2**-21) unclamped, every finite |v| clamped —
-    both signs, plus every pattern within 64 ulps of each E2M1 tie and binade edge (the exhaustive check of
+    both signs, both forms (HW: FMA and an integer min; portable: fp32 min), plus every pattern within 64 ulps of each E2M1 tie and binade edge (the exhaustive check of
     all 2**30 magnitudes ran in numpy when the encoder was written; this keeps a dense slice of it)."""
     spec = get_format("fp4_e2m1")
     top = (6.0 * (1 + 2.0**-21)) if not clamp else 3.0e38
@@ -262,7 +263,7 @@ def test_fp4_encoder_on_a_stride_of_every_fp32(clamp, device):
     bits = torch.cat([bits, near[near <= hi]]).to(torch.int32)
     mag = bits.view(torch.float32)
     v = torch.cat([mag, -mag])
-    codes, _ = _run_encode_decode(v, spec, device, nf4_lut=False, hw=False, enc=0 if clamp else 1)
+    codes, _ = _run_encode_decode(v, spec, device, nf4_lut=False, hw=hw, enc=0 if clamp else 1)
     want = ref.encode(v, spec).to(torch.int32)
     bad = (codes != want).nonzero().flatten()
     assert bad.numel() == 0, f"v={v[bad[0]].item()!r}: got {int(codes[bad[0]])} want {int(want[bad[0]])}"
