@@ -702,6 +702,11 @@ def plan_budget(model: object, *, budget: int | str, seq_len: int, batch: int = 
     picked = [opts[j] for j in sol.choices]
     lf = sum(o.time_s for o in picked)
     notes = [_peak_note(picked, floor)]
+    if budget_b > dev.memory_bytes:
+        notes.append(f"the budget {fmt_bytes(budget_b)} is more than the {dev.name} holds ({fmt_bytes(dev.memory_bytes)}"
+                     f" in its profile): on that card this plan runs out of memory; give a budget within the card's "
+                     "memory, or the device the plan is for (apply_policy also warns when a plan exceeds the device "
+                     "the model is on)")
     return BudgetPlan(
         model=shape.name, shape=shape, seq_len=seq_len, batch=batch, device=dev.name, budget_bytes=budget_b,
         usable_bytes=usable, headroom=headroom, loss=loss, choices=tuple(o.name for o in picked), options=tuple(opts),

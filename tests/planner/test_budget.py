@@ -319,3 +319,12 @@ def test_an_option_measured_faster_than_keeping_the_layer_is_trusted_only_at_its
     assert set(roomy.choices) == {"bf16-c"}
     tight = plan_budget("llama2-7b", budget="70GiB", seq_len=8192, options=names, measured=at8)
     assert "laaq-c:nf4" in tight.choices and "bf16-c" in tight.choices and tight.peak_bytes <= tight.usable_bytes
+
+
+def test_a_budget_above_the_device_profile_is_noted():
+    """A budget larger than the profiled device's memory still plans (a user may plan for another card), but the plan
+    says so; one within it does not."""
+    over = plan_budget("llama2-7b", budget="200GiB", seq_len=4096, device="H200")
+    assert any("is more than the H200 holds" in n for n in over.notes), over.notes
+    within = plan_budget("llama2-7b", budget="100GiB", seq_len=4096, device="H200")
+    assert not any("is more than" in n for n in within.notes), within.notes
