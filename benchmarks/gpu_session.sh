@@ -3,7 +3,7 @@
 #   bash benchmarks/gpu_session.sh STAGE[:SECONDS] ...
 # Stages: conformance, laaq, quangrad, laaq-fusion, fusion, codecs, torchtitan, equal-memory, equal-memory-m,
 # layer-profile-64k, layer-profile-qc32k, policy-80, longest, laaq-16k, layer-profile-fp8, float8-m, float8-80, float8-ce, liger, layer-profile-fp8-64k, float8-80-64k, float8-64k, cells, integrations, grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host,
-# dequant-tiles, norm-fusion, train-split-c, train-profile, train-profile-c, layer-host, train-alone. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
+# dequant-tiles, norm-fusion, train-split-c, train-profile, train-profile-c, layer-host, train-alone, ab-codecs. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
 set -u
 source "$(dirname "$0")/gpu_env.sh"
 OUT=${OUT:-/tmp/agoq-out}; mkdir -p "$OUT"
@@ -125,6 +125,15 @@ for spec in "$@"; do
     layer-host) cmd=(bash -c 'python3 benchmarks/profile_layer_host.py --top 45; AGOQ_FUSION=0 python3 benchmarks/profile_layer_host.py --json "$OUT/profile_layer_host_unfused.json" | sed -n 1,14p; python3 benchmarks/profile_layer_host.py --tokens 8192 --json "$OUT/profile_layer_host_8k.json" | sed -n 1,14p') ;;
     # train-split's arms each in a process of its own (agoq, baseline, agoq, baseline + laaq-only): no arm runs after another (~130 s)
     train-alone) cmd=(bash -c 'T="python3 -m agoq_core.cli.main train --device cuda --model llama-1b --seq-len 2048 --micro-batch 4 --steps 40 --eval-every 0 --eval-tokens 16384"; i=0; for a in "--no-baseline" "--no-agoq" "--no-baseline" "--no-agoq --ablation laaq-only"; do i=$((i+1)); d="$OUT/alone/$i"; $T $a --out-dir "$d" > /dev/null 2>&1; echo "== $a"; python3 benchmarks/train_step_stats.py "$d"/*/ | tail -1; done') ;;
+    # interleaved A/B of the codec kernels and the fused norm: this tree, the base (.ab_base/ from
+    # benchmarks/ab_prepare.sh REV, carried), this tree, the base, each in its own PYTHONPATH; AB_FORMATS (space-separated)
+    # picks the formats, AB_ARGS replaces bench_codecs.py's size options (AB_ARGS=--tiny: a CPU check in the interpreter)
+    ab-codecs) cmd=(bash -c '[ -f .ab_base/REVISION ] || { echo "no .ab_base: run benchmarks/ab_prepare.sh REV and carry .ab_base"; exit 2; }
+                 echo "base: $(cat .ab_base/REVISION)"; root=$PWD; i=0
+                 for tag in new base new base; do i=$((i+1)); d=$root; [ $tag = base ] && d=$root/.ab_base; echo "== $i: $tag"
+                   (cd "$d" && export PYTHONPATH= && source benchmarks/gpu_env.sh && python3 benchmarks/bench_codecs.py \
+                      --formats ${AB_FORMATS:-int4 nf4 fp4_e2m1 mxfp4} ${AB_ARGS:---sizes-mib 1024 --no-sweep --bucket-log2 0 --compile-formats --deadline-s 100} \
+                      --json "$OUT/ab_${i}_$tag.json" | grep -E "^(quantize|dequantize) |rmsnorm|copy of" | cut -c1-160); done') ;;
     *) echo "unknown stage $stage"; continue ;;
   esac
   start=$(date +%s)
