@@ -129,7 +129,9 @@ def compile_fused(op: str, fmt: str, vec16: bool, arch: int = 90, hidden: int = 
                   maxnreg: int | None = None) -> dict:
     """Compile a fused kernel of agoq-cuda (FUSED_OPS) for sm_90 on the generic or the 16-lane tile, as it is
     launched on an H200 (bf16; SiLU&Mul: variants ``libdevice`` / ``table_fma``, the codec geometry's rows and
-    warps; RMSNorm: variant ``tree``, one ``hidden``-element token row per loop iteration), and count its SASS."""
+    warps; RMSNorm: variant ``tree``, one ``hidden``-element token row per loop iteration), and count its SASS.
+    ``maxnreg``: None compiles with the register cap the launch uses (agoq_cuda.launch.MAXNREG), 0 without a cap,
+    N with a cap of N."""
     import torch
 
     from agoq_core.formats.spec import get_format
@@ -175,9 +177,7 @@ def compile_fused(op: str, fmt: str, vec16: bool, arch: int = 90, hidden: int = 
             c[k] = None
     c = {k: v for k, v in c.items() if k in fn.arg_names}
     rec = {"op": op, "fmt": fmt, "tile": "vec16" if c.get("VEC16") else "generic", "rows": elems // spec.block}
-    cap = MAXNREG.get((op, fmt, bool(c.get("VEC16"))))  # as launched
-    if maxnreg is not None:
-        cap = maxnreg or None
+    cap = MAXNREG.get((op, fmt, bool(c.get("VEC16")))) if maxnreg is None else (maxnreg or None)
     return _compile_and_count(fn, sig, c, warps, elems, arch, rec, maxnreg=cap)
 
 
