@@ -18,7 +18,7 @@ import torch
 from agoq_triton_kernels.launch import Launch, Launcher, is_interpreted
 from agoq_triton_kernels.layout import next_pow2
 
-__all__ = ["Geometry", "geometry", "CudaGeometry", "VEC16_DEFAULTS", "MAXNREG", "parse_vec16", "LAUNCHER", "quantize",
+__all__ = ["Geometry", "geometry", "CudaGeometry", "VEC16_DEFAULTS", "MAXNREG", "parse_vec16", "parse_maxnreg", "LAUNCHER", "quantize",
            "dequantize", "accumulate", "reduce_requantize", "is_interpreted"]
 
 
@@ -193,10 +193,45 @@ MAXNREG: dict[tuple[str, str, bool], int] = {
 }
 
 
+_FUSED_OPS = ("silu_mul_quant", "silu_mul_backward", "rmsnorm_quant")
+_TILES = {"generic": (False,), "vec16": (True,), "*": (False, True)}
+
+
+@functools.cache
+def parse_maxnreg(text: str | None) -> dict[tuple[str, str, bool], int]:
+    """AGOQ_CUDA_MAXNREG: the register caps in force. ``auto`` (default): :data:`MAXNREG`; ``0`` / ``off``: none;
+    or comma-separated rules ``OP:FORMAT[:TILE]=N`` on top of the table (TILE: ``generic``, ``vec16`` or ``*``,
+    the default; N = 0 removes a cap), e.g. ``rmsnorm_quant:fp4_e2m1=0`` or ``silu_mul_backward:nf4:vec16=64``.
+    For timing a cap against none on a GPU (benchmarks/gpu_session.sh ``maxnreg-ab``); the bits never change."""
+    text = (text or "auto").strip().lower()
+    if text in ("auto", ""):
+        return dict(MAXNREG)
+    if text in ("0", "off", "none"):
+        return {}
+    caps = dict(MAXNREG)
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        what, sep, val = part.partition("=")
+        keys = [k.strip() for k in what.split(":")]
+        op, fmt, tile = (keys + ["*"])[:3] if len(keys) in (2, 3) else ("", "", "")
+        if not sep or op not in _FUSED_OPS or not fmt or tile not in _TILES or not val.strip().isdigit() \
+                or int(val) > 255:
+            raise ValueError(f"AGOQ_CUDA_MAXNREG: cannot read {part!r}; want auto, off or rules like "
+                             f"'rmsnorm_quant:fp4_e2m1=0' / 'silu_mul_backward:nf4:vec16=64' (ops: "
+                             f"{', '.join(_FUSED_OPS)}; tiles: generic, vec16, *; N in 0..255, 0 = no cap)")
+        for t in _TILES[tile]:
+            if int(val):
+                caps[(op, fmt, t)] = int(val)
+            else:
+                caps.pop((op, fmt, t), None)
+    return caps
+
+
 def fused_maxnreg(op: str, spec, tile: dict, device) -> dict:
-    """{"maxnreg": N} for a fused launch of ``op`` on the tile ``tile`` (fused_vec16's answer) where MAXNREG caps it
-    on a GPU; else {}."""
-    cap = MAXNREG.get((op, spec.name, bool(tile))) if device.type != "cpu" else None
+    """{"maxnreg": N} for a fused launch of ``op`` on the tile ``tile`` (fused_vec16's answer) where the caps in
+    force (:func:`parse_maxnreg` of AGOQ_CUDA_MAXNREG; default MAXNREG) cap it on a GPU; else {}."""
+    if device.type == "cpu":
+        return {}
+    cap = parse_maxnreg(os.environ.get("AGOQ_CUDA_MAXNREG")).get((op, spec.name, bool(tile)))
     return {"maxnreg": cap} if cap else {}
 
 

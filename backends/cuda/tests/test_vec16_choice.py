@@ -8,7 +8,7 @@ import torch
 from agoq_core.formats import reference as ref
 from agoq_core.formats.spec import get_format
 from agoq_cuda import launch as cl
-from agoq_cuda.launch import CudaGeometry, parse_vec16
+from agoq_cuda.launch import MAXNREG, CudaGeometry, fused_maxnreg, parse_maxnreg, parse_vec16
 from agoq_triton_kernels.launch import Launcher
 from cuda_inputs import assert_bits_equal
 
@@ -22,6 +22,36 @@ def test_parse():
     for bad in ("dequantise=0", "dequantize", "dequantize=maybe"):
         with pytest.raises(ValueError, match="AGOQ_CUDA_VEC16"):
             parse_vec16(bad)
+
+
+def test_register_caps_env(monkeypatch):
+    """AGOQ_CUDA_MAXNREG: the MAXNREG table by default, none when off, rules on top of the table (0 removes one);
+    a GPU launch gets the cap of its (op, format, tile), a CPU (interpreter) launch never does."""
+    assert parse_maxnreg(None) == parse_maxnreg("auto") == MAXNREG and MAXNREG
+    assert parse_maxnreg("off") == parse_maxnreg("0") == {}
+    (op, fmt, vec16), cap = next(iter(MAXNREG.items()))
+    assert (op, fmt, vec16) not in parse_maxnreg(f"{op}:{fmt}=0")
+    rules = parse_maxnreg("silu_mul_backward:nf4:vec16=64, rmsnorm_quant:int6:generic=72")
+    assert rules[("silu_mul_backward", "nf4", True)] == 64 and ("silu_mul_backward", "nf4", False) not in rules
+    assert rules[("rmsnorm_quant", "int6", False)] == 72 and rules[(op, fmt, vec16)] == cap
+    both = parse_maxnreg("silu_mul_quant:int4=80")
+    assert both[("silu_mul_quant", "int4", False)] == both[("silu_mul_quant", "int4", True)] == 80
+    for bad in ("quantize:int4=64", "rmsnorm_quant=64", "rmsnorm_quant:int4:wide=64", "rmsnorm_quant:int4=many",
+                "rmsnorm_quant:int4=300", "rmsnorm_quant:int4"):
+        with pytest.raises(ValueError, match="AGOQ_CUDA_MAXNREG"):
+            parse_maxnreg(bad)
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")  # device objects only: nothing runs on them
+    tile = {"VEC16": True} if vec16 else {}
+    assert fused_maxnreg(op, get_format(fmt), tile, gpu) == {"maxnreg": cap}
+    assert fused_maxnreg(op, get_format(fmt), tile, cpu) == {}
+    assert fused_maxnreg(op, get_format(fmt), {} if vec16 else {"VEC16": True}, gpu) == {}  # the other tile
+    monkeypatch.setenv("AGOQ_CUDA_MAXNREG", "off")
+    assert fused_maxnreg(op, get_format(fmt), tile, gpu) == {}
+    monkeypatch.setenv("AGOQ_CUDA_MAXNREG", "silu_mul_backward:nf4:vec16=64")
+    assert fused_maxnreg("silu_mul_backward", get_format("nf4"), {"VEC16": True}, gpu) == {"maxnreg": 64}
+    monkeypatch.setenv("AGOQ_CUDA_MAXNREG", "silu_mul_backward:nf4:vec16")
+    with pytest.raises(ValueError, match="AGOQ_CUDA_MAXNREG"):
+        fused_maxnreg("silu_mul_backward", get_format("nf4"), {"VEC16": True}, gpu)
 
 
 def _vec16(geo, op, fmt):
@@ -64,3 +94,33 @@ def test_both_tiles_same_bits(fmt, device):
         out = torch.empty(n, dtype=torch.bfloat16, device=device)
         la.dequantize(codes.to(device), scales.to(device), spec, out)
         assert_bits_equal(out, want, f"{fmt} {rule}")
+
+
+def test_bench_maxnreg_smoke(tmp_path):
+    """benchmarks/bench_maxnreg.py --smoke: each AGOQ_CUDA_MAXNREG setting runs the fused kernels, writes the same
+    bits, and the report names the cap each setting gives each kernel (none on the interpreter's launches, but the
+    table's view of them)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    out = tmp_path / "m.json"
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_maxnreg.py"), "--smoke", "--rounds", "1",
+                        "--norm-formats", "fp4_e2m1", "--swiglu-formats", "nf4", "--settings", "auto", "off",
+                        "silu_mul_backward:nf4:vec16=64", "--json", str(out)], capture_output=True, text=True,
+                       timeout=600, env=dict(os.environ, TRITON_INTERPRET="1"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = {(x["kernel"], x["format"]): x for x in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {("rmsnorm_quant", "fp4_e2m1"), ("silu_mul_quant", "nf4"), ("silu_mul_backward", "nf4")}
+    assert all(x["bit_identical"] and all(len(v) == 1 and v[0] > 0 for v in x["ms"].values()) for x in rows.values())
+    assert rows[("rmsnorm_quant", "fp4_e2m1")]["cap"] == {"auto": 64, "off": None,
+                                                          "silu_mul_backward:nf4:vec16=64": 64}
+    assert rows[("silu_mul_backward", "nf4")]["cap"] == {"auto": None, "off": None,
+                                                         "silu_mul_backward:nf4:vec16=64": 64}
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_maxnreg.py"), "--smoke", "--settings",
+                        "rmsnorm_quant:int4=lots"], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, TRITON_INTERPRET="1"))
+    assert r.returncode != 0 and "AGOQ_CUDA_MAXNREG" in r.stderr
