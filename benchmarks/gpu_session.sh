@@ -3,7 +3,7 @@
 #   bash benchmarks/gpu_session.sh STAGE[:SECONDS] ...
 # Stages: conformance, laaq, quangrad, laaq-fusion, fusion, codecs, torchtitan, equal-memory, equal-memory-m,
 # layer-profile-64k, layer-profile-qc32k, policy-80, longest, laaq-16k, layer-profile-fp8, float8-m, float8-80, float8-ce, liger, layer-profile-fp8-64k, float8-80-64k, float8-64k, cells, integrations, grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host,
-# dequant-tiles, norm-fusion, train-split-c, train-profile, train-profile-c, layer-host, train-alone, ab-codecs, maxnreg. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
+# dequant-tiles, norm-fusion, train-split-c, train-profile, train-profile-c, layer-host, train-alone, ab-codecs, maxnreg, layer-profile. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
 set -u
 source "$(dirname "$0")/gpu_env.sh"
 OUT=${OUT:-/tmp/agoq-out}; mkdir -p "$OUT"
@@ -85,6 +85,10 @@ for spec in "$@"; do
                 cmd=(python3 benchmarks/bench_equal_memory.py --configs policy-m-fp8,fp8-ce-c --caps 0 \
                      --seqs 64K --steps 2 --warmup 1 --cell-timeout-s $(( (secs - 10) / 2 )) \
                      --layer-costs "$lc" --json "$OUT/bench_equal_memory_fp8_64k.json") ;;
+    # any per-layer profile (issue 18: what the time goes to, per layer, at a cell's length), e.g. the float8 options at
+    # 16K: LP_SEQS=16K LP_METHODS=fp8-sac-c,fp8-laaq-c:nf4,fp8-bf16-c,fp8-ckpt-c; LP_ARGS adds options (--no-profile)
+    layer-profile) cmd=(python3 benchmarks/bench_layer_profile.py --seqs "${LP_SEQS:?set LP_SEQS}" --methods "${LP_METHODS:?set LP_METHODS}" \
+                        --reps 2 --warmup 1 --budget-s $((secs - 30)) ${LP_ARGS:-} --json "$OUT/bench_layer_profile_custom.json") ;;
     # any slice of the equal-memory matrix (issue 18), e.g. the rows not measured yet:
     #   CELLS_CONFIGS=plain-c,fp8-ce-c,laaq-c,policy-m-fp8 CELLS_SEQS=8K CELLS_CAPS=0,80 bash gpu_session.sh cells:560
     # CELLS_COSTS: per-layer profiles for the policy-m* rows (default: the 32K float8 one); CELLS_STEPS (2), CELLS_WARMUP (2)
