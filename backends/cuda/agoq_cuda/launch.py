@@ -179,17 +179,21 @@ accumulate = LAUNCHER.accumulate
 reduce_requantize = LAUNCHER.reduce_requantize
 
 
-#: Register caps (ptxas ``maxnreg``) of the fused kernels, per (op, format, 16-lane tile): where the uncapped
-#: kernel takes a few registers over 64 — a program fewer per SM — and the capped one spills nothing (sm_90 SASS,
-#: checked without a GPU by test_fused_compile.py::test_fused_register_caps_spill_nothing_and_are_needed).
-#: rmsnorm_quant fp4_e2m1 / mxfp4 on the generic tile: the three-line FP4 encoder (2026-12-06) took them from 64 to
-#: 73 / 72 registers, and on an H100 they then ran ~10% slower than before (docs/bench/codecs.md); capped they are
-#: back at 64 with the shorter loop — not yet timed on a GPU. Candidates that fit 64 without a spill but whose
-#: register counts predate that change, left uncapped until a GPU times them: rmsnorm_quant int6 generic (78),
-#: silu_mul_backward nf4 16-lane (72, LAAQ's default). Spill when capped: rmsnorm_quant nf4 generic (98), nvfp4
-#: (76-80), silu_mul_quant on the generic tile (72-96) and mxfp4's 16-lane tile (79).
+#: Register caps (ptxas ``maxnreg``) of the fused kernels, per (op, format, 16-lane tile): where the uncapped kernel
+#: takes a few registers over 64 (a program fewer per SM), the capped one spills nothing (sm_90 SASS, checked without
+#: a GPU by test_fused_compile.py::test_fused_register_caps_spill_nothing_and_are_needed), and a GPU timed it faster.
+#: rmsnorm_quant fp4_e2m1 on the generic tile: the three-line FP4 encoder (2026-12-06) took it from 64 to 73
+#: registers and 10% slower on an H100; capped at 64 it ran 120.1-120.6 us against 134.6 uncapped (16384 x 4096,
+#: H100, same call; the pre-encoder kernel 122.0), back at 1.30x the compiled norm + codec pair (docs/bench/codecs.md).
+#: Timed and left uncapped: rmsnorm_quant mxfp4 generic (72 registers; capped 127.0-127.5 us against 128.4: the
+#: regression there is not the registers). Fit 64 without a spill, not adopted: rmsnorm_quant int6 generic (78;
+#: 1.110 ms capped against 1.100) and silu_mul_backward nf4 16-lane (72, LAAQ's default; 0.59 / 0.41 ms capped against
+#: 0.47 / 0.39), each from one H100 run of bench_maxnreg.py whose timings then included the host's launch cost (an
+#: unchanged kernel moved 0.21 -> 0.96 ms in the same run: noisy, so "not faster", not "slower"). Spill when
+#: capped: rmsnorm_quant nf4 generic (98), nvfp4 (76-80), silu_mul_quant on the generic tile (72-96) and mxfp4's
+#: 16-lane tile (79). AGOQ_CUDA_MAXNREG (parse_maxnreg) overrides the table.
 MAXNREG: dict[tuple[str, str, bool], int] = {
-    ("rmsnorm_quant", "fp4_e2m1", False): 64, ("rmsnorm_quant", "mxfp4", False): 64,
+    ("rmsnorm_quant", "fp4_e2m1", False): 64,
 }
 
 
