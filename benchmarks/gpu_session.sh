@@ -3,7 +3,7 @@
 #   bash benchmarks/gpu_session.sh STAGE[:SECONDS] ...
 # Stages: conformance, laaq, quangrad, laaq-fusion, fusion, codecs, torchtitan, equal-memory, equal-memory-m,
 # layer-profile-64k, layer-profile-qc32k, policy-80, longest, laaq-16k, layer-profile-fp8, float8-m, float8-80, float8-ce, liger, layer-profile-fp8-64k, float8-80-64k, float8-64k, cells, integrations, grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host,
-# dequant-tiles, norm-fusion, train-split-c, train-profile, train-profile-c, layer-host, train-alone, ab-codecs, maxnreg, layer-profile. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
+# dequant-tiles, norm-fusion, train-split-c, train-profile, train-profile-c, layer-host, train-alone, ab-codecs, maxnreg, layer-profile, ncu-norm. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
 set -u
 source "$(dirname "$0")/gpu_env.sh"
 OUT=${OUT:-/tmp/agoq-out}; mkdir -p "$OUT"
@@ -138,6 +138,16 @@ for spec in "$@"; do
                    (cd "$d" && export PYTHONPATH= && source benchmarks/gpu_env.sh && python3 benchmarks/bench_codecs.py \
                       --formats ${AB_FORMATS:-int4 nf4 fp4_e2m1 mxfp4} ${AB_ARGS:---sizes-mib 1024 --no-sweep --bucket-log2 0 --compile-formats --deadline-s 100} \
                       --json "$OUT/ab_${i}_$tag.json" | grep -E "^(quantize|dequantize) |rmsnorm|copy of" | cut -c1-160); done') ;;
+    # Nsight Compute on the fused RMSNorm + quantize, this tree then the base (.ab_base/, benchmarks/ab_prepare.sh),
+    # for NCU_FORMATS (default mxfp4 fp4_e2m1): pipe utilisation, warp stalls, issue (the mxfp4 fused norm's 8%)
+    ncu-norm) cmd=(bash -c 'for tree in new base; do d=$PWD; [ $tree = base ] && d=$PWD/.ab_base; [ -d "$d" ] || continue
+                   for f in ${NCU_FORMATS:-mxfp4 fp4_e2m1}; do echo "== $tree $f"
+                     (cd "$d" && export PYTHONPATH= && source benchmarks/gpu_env.sh && ncu --clock-control none -k regex:rmsnorm_quant \
+                       --launch-skip 3 --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
+                       --section WarpStateStats --section Occupancy --section InstructionStats \
+                       python3 $OLDPWD/benchmarks/run_fused_norm.py --format $f) > "$OUT/ncu_${tree}_$f.txt" 2>&1
+                     grep -E "Duration|Issue Slots Busy|Executed Ipc A|Pipe|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued" "$OUT/ncu_${tree}_$f.txt" | head -40
+                   done; done') ;;
     # the fused kernels' register caps timed: AGOQ_CUDA_MAXNREG auto / off / candidates, interleaved, same bits (~60 s)
     maxnreg) cmd=(python3 benchmarks/bench_maxnreg.py --json "$OUT/bench_maxnreg.json") ;;
     *) echo "unknown stage $stage"; continue ;;

@@ -109,3 +109,19 @@ def test_order_matters(device):
     want = _torch_cuda_order_rmsnorm(x, w, 1e-5)
     assert torch.equal(outs["torch_cuda_rn"], want)
     assert not torch.equal(outs["tree"], want)
+
+
+def test_run_fused_norm_script_smoke():
+    """benchmarks/run_fused_norm.py (the Nsight Compute target of gpu_session.sh's ncu-norm stage) launches the fused
+    norm and reports what it ran (the interpreter; the kernel's numerics are the other tests' business)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "run_fused_norm.py"), "--smoke", "--format", "int4",
+                        "--calls", "1"], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, TRITON_INTERPRET="1"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "rmsnorm_quant int4 8x256: 1 launches" in r.stdout
