@@ -116,6 +116,18 @@ def parse_vec16(text: str | None) -> dict[tuple[str, str], bool | None]:
     return rules
 
 
+def _flag(name: str, default: bool) -> bool:
+    """An on/off environment switch: 1/on/true, 0/off/false, unset or empty = ``default``; anything else is an error."""
+    v = os.environ.get(name, "").strip().lower()
+    if v in ("", "default"):
+        return default
+    if v in ("1", "on", "true"):
+        return True
+    if v in ("0", "off", "false"):
+        return False
+    raise ValueError(f"{name}={v!r}: want 1 or 0")
+
+
 @functools.cache
 def _hw_conversions(device: torch.device) -> bool:
     """HW=True kernels (hardware fp8/bf16 conversions, libdevice rcp.rn / mul.rn) need CUDA sm_89+ (fp8 cvt)."""
@@ -130,12 +142,15 @@ class CudaGeometry:
     who = "agoq-cuda"
     pure_plans = True  # plan() depends on its arguments only: the launcher caches the plans
     fast_launch = True  # repeated calls launch the compiled kernel directly (Launcher's fast path; AGOQ_FAST_LAUNCH=0: off)
-    nf4_lut = True  # one gather per element beats the 15-threshold search on sm_90 (agoq_triton_kernels.kernels)
     float64_via_float32 = True
 
     def __init__(self, vec16: str | None = None):
         """``vec16``: the tile rules (:func:`parse_vec16`); None reads AGOQ_CUDA_VEC16 (default ``auto``)."""
         self.vec16_rules = parse_vec16(os.environ.get("AGOQ_CUDA_VEC16") if vec16 is None else vec16)
+        # NF4 by a table (one gather per element) rather than the 15-threshold search: faster in the sm_90 codec
+        # kernels (agoq_triton_kernels.kernels). AGOQ_CUDA_NF4_LUT=0 takes the search (the form agoq-ascend launches;
+        # same codes) in every kernel of this process, for timing the fused ones both ways.
+        self.nf4_lut = _flag("AGOQ_CUDA_NF4_LUT", True)
 
     def vec16_for(self, op: str, spec) -> bool:
         """Whether ``op`` on ``spec`` asks for the 16-lane tile (the launcher still checks the kernel's

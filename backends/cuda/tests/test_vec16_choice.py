@@ -124,3 +124,16 @@ def test_bench_maxnreg_smoke(tmp_path):
                         "rmsnorm_quant:int4=lots"], capture_output=True, text=True, timeout=600,
                        env=dict(os.environ, TRITON_INTERPRET="1"))
     assert r.returncode != 0 and "AGOQ_CUDA_MAXNREG" in r.stderr
+
+
+def test_nf4_table_switch(monkeypatch):
+    """AGOQ_CUDA_NF4_LUT: the table by default, the threshold search with 0 (read when the geometry is built); a
+    value that is neither is refused, not guessed."""
+    monkeypatch.delenv("AGOQ_CUDA_NF4_LUT", raising=False)
+    assert CudaGeometry().nf4_lut is True
+    for v, want in (("0", False), ("off", False), ("1", True), (" TRUE ", True), ("", True)):
+        monkeypatch.setenv("AGOQ_CUDA_NF4_LUT", v)
+        assert CudaGeometry().nf4_lut is want, v
+    monkeypatch.setenv("AGOQ_CUDA_NF4_LUT", "sometimes")
+    with pytest.raises(ValueError, match="AGOQ_CUDA_NF4_LUT"):
+        CudaGeometry()
