@@ -94,10 +94,15 @@ def main(argv=None) -> dict:
             fs.silu_mul_quant_into(g, u, spec, h, *codes)  # the backward decodes these
             outs = [torch.empty_like(g) for _ in range(3)]
             fwd_bufs = [torch.empty_like(c) for c in codes] + [torch.empty_like(g)]
-            cases.append(("silu_mul_quant", (rows, cols), fmt,
-                          lambda spec=spec, b=fwd_bufs, g=g, u=u: (fs.silu_mul_quant_into(g, u, spec, b[4], *b[:4]), b)[1]))
-            cases.append(("silu_mul_backward", (rows, cols), fmt,
-                          lambda spec=spec, c=codes, o=outs, dh=dh: (fs.silu_mul_backward_into(dh, *c, spec, *o), o)[1]))
+            def fwd(spec=spec, b=fwd_bufs, g=g, u=u):
+                fs.silu_mul_quant_into(g, u, spec, b[4], *b[:4])
+                return b
+
+            def bwd(spec=spec, c=codes, o=outs, dh=dh):
+                fs.silu_mul_backward_into(dh, *c, spec, *o)
+                return o
+
+            cases += [("silu_mul_quant", (rows, cols), fmt, fwd), ("silu_mul_backward", (rows, cols), fmt, bwd)]
 
     times: dict[tuple, dict[str, list[float]]] = {}
     first: dict[tuple, list] = {}
@@ -129,14 +134,15 @@ def main(argv=None) -> dict:
         rows_out.append({"kernel": kernel, "shape": list(shape), "format": fmt, "ms": by, "median_ms": med,
                          "cap": caps, "vs_first": {s: med[ref] / med[s] for s in med},
                          "bit_identical": identical[(kernel, shape, fmt)]})
-    head = " | ".join(f"{_short(s)} ms (cap)" for s in args.settings)
-    lines = ["settings: " + "; ".join(f"{_short(s)} = {s!r}" for s in args.settings), "",
+    label = {s: s if len(s) <= 8 else f"#{i}" for i, s in enumerate(args.settings)}
+    head = " | ".join(f"{label[s]} ms (cap)" for s in args.settings)
+    lines = ["settings: " + "; ".join(f"{label[s]} = {s!r}" for s in args.settings), "",
              f"| kernel | shape | format | {head} | best | same bits |",
              "|---|---|---|" + "---:|" * len(args.settings) + "---|---|"]
     for r in rows_out:
         cells = " | ".join(f"{r['median_ms'][s]:.4f} ({r['cap'][s] or '-'})" for s in args.settings)
         best = min(args.settings, key=lambda s: r["median_ms"][s])
-        lines.append(f"| {r['kernel']} | {r['shape'][0]}x{r['shape'][1]} | {r['format']} | {cells} | {_short(best)} | "
+        lines.append(f"| {r['kernel']} | {r['shape'][0]}x{r['shape'][1]} | {r['format']} | {cells} | {label[best]} | "
                      f"{'yes' if r['bit_identical'] else 'NO'} |")
     print("\n".join(lines))
     report = {"env": harness.environment(dev if dev.type == "cuda" else None), "settings": args.settings,
@@ -154,10 +160,6 @@ def _tile(kernel: str, fmt: str) -> bool:
 
     spec = get_format(fmt)
     return bool(LAUNCHER.geometry.vec16_for(kernel, spec) and spec.block >= 16 and not spec.block & (spec.block - 1))
-
-
-def _short(setting: str) -> str:
-    return setting if len(setting) <= 8 else "cand"
 
 
 if __name__ == "__main__":

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 
 from agoq_triton_kernels.launch import Launch, Launcher, is_interpreted
 from agoq_triton_kernels.layout import next_pow2
 
-__all__ = ["Geometry", "geometry", "CudaGeometry", "VEC16_DEFAULTS", "MAXNREG", "parse_vec16", "parse_maxnreg", "LAUNCHER", "quantize",
-           "dequantize", "accumulate", "reduce_requantize", "is_interpreted"]
+__all__ = ["Geometry", "geometry", "CudaGeometry", "VEC16_DEFAULTS", "MAXNREG", "parse_vec16", "parse_maxnreg",
+           "LAUNCHER", "quantize", "dequantize", "accumulate", "reduce_requantize", "is_interpreted"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +119,7 @@ def parse_vec16(text: str | None) -> dict[tuple[str, str], bool | None]:
 
 
 def _flag(name: str, default: bool) -> bool:
-    """An on/off environment switch: 1/on/true, 0/off/false, unset or empty = ``default``; anything else is an error."""
+    """An on/off environment switch: 1/on/true, 0/off/false, unset or empty = ``default``; else an error."""
     v = os.environ.get(name, "").strip().lower()
     if v in ("", "default"):
         return default
@@ -217,16 +219,16 @@ _TILES = {"generic": (False,), "vec16": (True,), "*": (False, True)}
 
 
 @functools.cache
-def parse_maxnreg(text: str | None) -> dict[tuple[str, str, bool], int]:
+def parse_maxnreg(text: str | None) -> Mapping[tuple[str, str, bool], int]:
     """AGOQ_CUDA_MAXNREG: the register caps in force. ``auto`` (default): :data:`MAXNREG`; ``0`` / ``off``: none;
     or comma-separated rules ``OP:FORMAT[:TILE]=N`` on top of the table (TILE: ``generic``, ``vec16`` or ``*``,
     the default; N = 0 removes a cap), e.g. ``rmsnorm_quant:fp4_e2m1=0`` or ``silu_mul_backward:nf4:vec16=64``.
-    For timing a cap against none on a GPU (benchmarks/gpu_session.sh ``maxnreg-ab``); the bits never change."""
+    For timing a cap against none on a GPU (benchmarks/bench_maxnreg.py); the bits never change. Read-only."""
     text = (text or "auto").strip().lower()
     if text in ("auto", ""):
-        return dict(MAXNREG)
+        return MappingProxyType(dict(MAXNREG))
     if text in ("0", "off", "none"):
-        return {}
+        return MappingProxyType({})
     caps = dict(MAXNREG)
     for part in filter(None, (p.strip() for p in text.split(","))):
         what, sep, val = part.partition("=")
@@ -242,7 +244,7 @@ def parse_maxnreg(text: str | None) -> dict[tuple[str, str, bool], int]:
                 caps[(op, fmt, t)] = int(val)
             else:
                 caps.pop((op, fmt, t), None)
-    return caps
+    return MappingProxyType(caps)  # cached: callers share it
 
 
 def fused_maxnreg(op: str, spec, tile: dict, device) -> dict:
