@@ -22,10 +22,11 @@ import triton
 import triton.language as tl
 
 from agoq_cuda.fused_swiglu import _round  # RNE to the activation dtype, in registers
+from agoq_cuda.launch import LAUNCHER, fused_maxnreg, fused_vec16  # the plugin's geometry decides HW and the tile
 from agoq_triton_kernels.buffers import check_codec_buffers, float_view
 from agoq_triton_kernels.kernels import (_load_f32, _quantize16, _store_codes16, _store_f32, _tile16, quantize_tile,
                                          store_codes)
-from agoq_triton_kernels.layout import format_constexprs, next_pow2
+from agoq_triton_kernels.layout import next_pow2, spec_constexprs
 
 __all__ = ["rmsnorm_quant_unsupported", "rmsnorm_quant_into", "rmsnorm_quant_variants", "VARIANTS"]
 
@@ -185,8 +186,6 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
     order, rsq = VARIANTS[variant]
     if rsq and x.device.type == "cpu":
         raise ValueError(f"rmsnorm_quant: variant {variant!r} needs a GPU (rsqrt.approx.f32)")
-    from agoq_cuda.launch import LAUNCHER, fused_maxnreg, fused_vec16  # the plugin's geometry decides HW and the tile
-
     n, h = x.numel(), x.shape[-1]
     check_codec_buffers(spec, n, codes, scales, x.device, "rmsnorm_quant")
     if y.shape != x.shape or y.dtype != x.dtype or not y.is_contiguous():
@@ -202,8 +201,7 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
     xv, fk = float_view(x.reshape(-1), "rmsnorm_quant")
     yv, _ = float_view(y.reshape(-1), "rmsnorm_quant")
     wv, _ = float_view(weight, "rmsnorm_quant")
-    c = format_constexprs(kind=spec.kind, bits=spec.bits, block=spec.block, qmax=spec.qmax,
-                          scale_kind=spec.scale_kind)
+    c = spec_constexprs(spec)
     lanes = min(h // 4, 32)
     hw_ = LAUNCHER.geometry.hw(x.device, hw)
     nprog = programs or (2 if x.device.type == "cpu" else min(m, 132 * 8))

@@ -44,7 +44,7 @@ from agoq_triton_kernels.buffers import check_codec_buffers, float_view
 from agoq_triton_kernels.codes import bf16_bits_to_f32, f32_to_bf16_bits
 from agoq_triton_kernels.kernels import (_dequantize16, _load_f32, _quantize16, _store_codes16, _store_f32, _tile,
                                          _tile16, dequantize_tile, quantize_tile, store_codes)
-from agoq_triton_kernels.layout import format_constexprs
+from agoq_triton_kernels.layout import spec_constexprs
 
 __all__ = ["silu_mul_quant_unsupported", "silu_mul_quant_into", "silu_mul_quant_variants",
            "silu_mul_backward_unsupported", "silu_mul_backward_into", "silu_mul_backward_variants",
@@ -241,8 +241,7 @@ def silu_mul_backward_unsupported(dh: torch.Tensor, spec) -> str | None:
 def _launch_consts(spec, n: int, dtype: torch.dtype, device: torch.device, programs: int | None, hw: bool | None):
     from agoq_cuda.launch import LAUNCHER
 
-    c = format_constexprs(kind=spec.kind, bits=spec.bits, block=spec.block, qmax=spec.qmax,
-                          scale_kind=spec.scale_kind)
+    c = spec_constexprs(spec)
     la = LAUNCHER.geometry.plan("quantize", spec, n, dtype, device, rows=None, programs=programs)
     return c, la, LAUNCHER.geometry.hw(device, hw), LAUNCHER
 

@@ -17,7 +17,7 @@ from types import MappingProxyType
 
 import torch
 
-from agoq_triton_kernels.launch import Launch, Launcher, is_interpreted
+from agoq_triton_kernels.launch import Launch, Launcher, is_interpreted, vec16_aligned
 from agoq_triton_kernels.layout import next_pow2
 
 __all__ = ["Geometry", "geometry", "CudaGeometry", "VEC16_DEFAULTS", "MAXNREG", "parse_vec16", "parse_maxnreg",
@@ -261,12 +261,8 @@ def fused_vec16(op: str, spec, codes, *, writes: bool, vec16: bool | None = None
     codec kernels' 16-lane tile: asked for (``vec16``; None: the rules, AGOQ_CUDA_VEC16 / VEC16_DEFAULTS) and
     allowed (whole power-of-two blocks >= 16; each buffer of ``codes`` aligned for the packed words it is read as,
     or written as when ``writes``); else {} (the generic tile)."""
-    from agoq_triton_kernels.launch import _vec16
-
     want = LAUNCHER.geometry.vec16_for(op, spec) if vec16 is None else bool(vec16)
     if not want or spec.block < 16 or spec.block & (spec.block - 1):
         return {}
-    la = Launch(grid=1, rows=1, block_p=spec.block, n_tiles=1, vec16=True)
-    codec_op = "quantize" if writes else "dequantize"
-    return {"VEC16": True} if all(_vec16(la, spec, False, c, op=codec_op) for c in codes) else {}
+    return {"VEC16": True} if all(vec16_aligned(spec, (c,), writes=writes) for c in codes) else {}
 

@@ -145,12 +145,19 @@ def _vec16(la: Launch, spec, ragged: bool, *codes: torch.Tensor, stride: int = 0
     interpreter cannot see alignment.)"""
     if not la.vec16 or ragged or la.block_p != spec.block or spec.block < 16:
         return {}
+    return {"VEC16": True} if vec16_aligned(spec, codes, writes=op != "dequantize", stride=stride) else {}
+
+
+def vec16_aligned(spec, codes, *, writes: bool, stride: int = 0) -> bool:
+    """Whether code buffers ``codes`` (and a rank stride) are aligned for the 16-lane tile's packed accesses (see
+    :func:`_vec16`); ``writes``: the last buffer is written."""
     if spec.bits == 8:
-        ok = op == "dequantize" or codes[-1].data_ptr() % 4 == 0
-    else:
-        align = {4: 4, 6: 4, 5: 2}[spec.bits]
-        ok = all(c.data_ptr() % align == 0 for c in codes) and stride % align == 0
-    return {"VEC16": True} if ok else {}
+        return not writes or codes[-1].data_ptr() % 4 == 0
+    align = _VEC16_ALIGN[spec.bits]
+    return stride % align == 0 and all(c.data_ptr() % align == 0 for c in codes)
+
+
+_VEC16_ALIGN = {4: 4, 6: 4, 5: 2}
 
 
 # The direct-launch fast path (Launcher._fast_*): for each op, the buffers a call passes to _dispatch (the only

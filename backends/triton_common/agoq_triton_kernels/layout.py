@@ -6,14 +6,17 @@ bodies never decide geometry: that belongs to each backend.
 """
 from __future__ import annotations
 
+import functools
 import struct
+from collections.abc import Mapping
+from types import MappingProxyType
 
 __all__ = [
     "ENCODE_LUT_SIZE", "NF4_LUT_DOMAIN", "encode_lut",
     "KIND_INT", "KIND_FP4_E2M1", "KIND_NF4", "KIND_FP8_E4M3", "KIND_FP8_E5M2", "KIND_IDS",
     "FLOAT_F32", "FLOAT_BF16", "FLOAT_F16", "FLOAT_KINDS",
     "MAX_BLOCK", "MAX_CHUNK_ELEMENTS",
-    "format_constexprs", "next_pow2",
+    "format_constexprs", "spec_constexprs", "next_pow2",
 ]
 
 # Code kinds (the ``KIND`` constexpr). Same names as agoq_core.formats.spec.CodeKind.
@@ -74,6 +77,14 @@ def format_constexprs(*, kind: str, bits: int, block: int, qmax: float, scale_ki
     if scale:
         c["SCALE"] = scale
     return c
+
+
+@functools.lru_cache(maxsize=256)
+def spec_constexprs(spec) -> Mapping:
+    """:func:`format_constexprs` of a FormatSpec, computed once per spec (read-only: it is shared). For the
+    launchers called once per layer and step, where the dict cost ~1-2 us of host time a call."""
+    return MappingProxyType(format_constexprs(kind=spec.kind, bits=spec.bits, block=spec.block, qmax=spec.qmax,
+                                              scale_kind=getattr(spec, "scale_kind", "absmax")))
 
 
 # ---- bucket tables for encoding NF4 (and FP4) with one table load per element ----------------------------------
