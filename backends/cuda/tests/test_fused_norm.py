@@ -125,3 +125,22 @@ def test_run_fused_norm_script_smoke():
                        env=dict(os.environ, TRITON_INTERPRET="1"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "rmsnorm_quant int4 8x256: 1 launches" in r.stdout
+
+
+def test_bench_fused_host_smoke(tmp_path):
+    """benchmarks/bench_fused_host.py: every fused launcher reaches its (stubbed) launch on every call, and the
+    report has a positive host time per launcher."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    out = tmp_path / "h.json"
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_fused_host.py"), "--calls", "20", "--repeats",
+                        "2", "--json", str(out)], capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [x["launcher"] for x in rows] == ["rmsnorm_quant_into", "silu_mul_quant_into", "silu_mul_backward_into"]
+    assert all(x["us_per_call"] > 0 for x in rows)
