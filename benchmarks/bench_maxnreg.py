@@ -54,9 +54,7 @@ def main(argv=None) -> dict:
         host's launch cost stays out: the first version timed one call per event pair, host included, and an
         unchanged 0.2 ms kernel read 0.96 ms once); wall time in the interpreter (--smoke)."""
         if dev.type == "cuda":
-            import triton
-
-            return triton.testing.do_bench(fn, warmup=10, rep=max(20, 2 * iters), return_mode="median")
+            return harness.kernel_median_ms(fn, rep_ms=max(20, 2 * iters), warmup_ms=10)
         fn()
         t0 = time.perf_counter()
         for _ in range(iters):

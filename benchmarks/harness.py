@@ -23,7 +23,8 @@ from typing import Any
 from agoq_core.models import get_model_shape
 from agoq_core.testing.dist import exit_spawned_rank, free_port
 
-__all__ = ["add_json_arg", "json_path", "write_json", "environment", "hf_config", "free_port", "exit_spawned_rank"]
+__all__ = ["add_json_arg", "json_path", "write_json", "environment", "hf_config", "free_port", "exit_spawned_rank",
+           "cuda_median_ms", "kernel_median_ms"]
 
 
 def add_json_arg(ap: argparse.ArgumentParser, name: str) -> None:
@@ -94,6 +95,15 @@ def cuda_median_ms(fn: Any, reps: int = 20, warmup: int = 3) -> float:
         b.synchronize()
         ts.append(a.elapsed_time(b))
     return sorted(ts)[len(ts) // 2]
+
+
+def kernel_median_ms(fn: Any, rep_ms: float = 100.0, warmup_ms: float = 25.0) -> float:
+    """Median device time of ``fn()`` in ms without the host's launch cost: Triton's ``do_bench`` (calls queued
+    back to back, the L2 flushed between them). For kernel benchmarks; :func:`cuda_median_ms` when the host's
+    per-call cost is part of what is measured (an eager call)."""
+    import triton
+
+    return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
 
 def cprofile_steps(step: Any, steps: int, sync: Any, top_n: int) -> dict[str, Any]:
