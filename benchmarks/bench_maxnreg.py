@@ -152,12 +152,12 @@ def main(argv=None) -> dict:
 
 
 def _tile(kernel: str, fmt: str) -> bool:
-    """Whether ``kernel`` on ``fmt`` runs on the 16-lane tile by default (the launcher's rules), for the cap column."""
+    """Whether ``kernel`` on ``fmt`` runs on the 16-lane tile by default (the launcher's rules; buffer alignment
+    aside), for the cap column."""
     from agoq_core.formats.spec import get_format
-    from agoq_cuda.launch import LAUNCHER
+    from agoq_cuda.launch import fused_vec16
 
-    spec = get_format(fmt)
-    return bool(LAUNCHER.geometry.vec16_for(kernel, spec) and spec.block >= 16 and not spec.block & (spec.block - 1))
+    return bool(fused_vec16(kernel, get_format(fmt), (), writes=True))
 
 
 if __name__ == "__main__":

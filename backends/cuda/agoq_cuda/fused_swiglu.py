@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from agoq_cuda.launch import fused_maxnreg, fused_vec16
+from agoq_cuda.launch import LAUNCHER, fused_maxnreg, fused_vec16
 from agoq_triton_kernels.buffers import check_codec_buffers, float_view
 from agoq_triton_kernels.codes import bf16_bits_to_f32, f32_to_bf16_bits
 from agoq_triton_kernels.kernels import (_dequantize16, _load_f32, _quantize16, _store_codes16, _store_f32, _tile,
@@ -239,8 +239,6 @@ def silu_mul_backward_unsupported(dh: torch.Tensor, spec) -> str | None:
 
 
 def _launch_consts(spec, n: int, dtype: torch.dtype, device: torch.device, programs: int | None, hw: bool | None):
-    from agoq_cuda.launch import LAUNCHER
-
     c = spec_constexprs(spec)
     la = LAUNCHER.geometry.plan("quantize", spec, n, dtype, device, rows=None, programs=programs)
     return c, la, LAUNCHER.geometry.hw(device, hw), LAUNCHER

@@ -29,7 +29,7 @@ import torch
 from agoq_triton_kernels import kernels as K
 from agoq_triton_kernels.buffers import check_codec_buffers, float_view
 from agoq_triton_kernels.codes import NF4_LEVELS_KERNEL
-from agoq_triton_kernels.layout import MAX_CHUNK_ELEMENTS, encode_lut, format_constexprs
+from agoq_triton_kernels.layout import MAX_CHUNK_ELEMENTS, encode_lut, spec_constexprs
 
 __all__ = ["Launch", "LaunchGeometry", "Launcher", "is_interpreted", "segments", "nf4_lut", "nf4_encode_lut",
            "OPS"]
@@ -291,8 +291,7 @@ class Launcher:
         key = (spec, device, hw)
         c = self._formats.get(key)
         if c is None:
-            c = format_constexprs(kind=spec.kind, bits=spec.bits, block=spec.block, qmax=spec.qmax,
-                                  scale_kind=getattr(spec, "scale_kind", "absmax"))
+            c = dict(spec_constexprs(spec))
             c.update(HW=self.geometry.hw(device, hw), NF4_LUT=self.geometry.nf4_lut)
             if getattr(self.geometry, "contig_pack", False):  # passed only when set: CUDA's launches stay unchanged
                 c["CONTIG"] = True
@@ -577,7 +576,7 @@ class Launcher:
         if n == 0:
             return _scale_and_inverse(torch.zeros((), dtype=torch.float32, device=x.device))
         xv, xk, io = self._float_in(x, "quantize")
-        dev, fmt = x.device, format_constexprs(kind=spec.kind, bits=spec.bits, block=spec.block, qmax=spec.qmax)
+        dev, fmt = x.device, spec_constexprs(spec)
         parts = []
         for off, m, _, _, ragged in segments(spec, n):
             la = self.geometry.plan("quantize", spec, m, io, dev, rows=None, programs=programs)
