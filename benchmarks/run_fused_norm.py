@@ -18,6 +18,7 @@ def main(argv=None) -> None:
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--calls", type=int, default=5, help="launches (ncu: skip a few, profile one)")
+    ap.add_argument("--prefetch", action="store_true", help="the generic tile's next-row prefetch (fused_norm)")
     ap.add_argument("--smoke", action="store_true", help="tiny shape on CPU through the Triton interpreter")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -37,7 +38,7 @@ def main(argv=None) -> None:
     codes = torch.empty(spec.code_bytes(x.numel()), dtype=torch.uint8, device=dev)
     scales = torch.empty(spec.num_blocks(x.numel()), dtype=torch.float32, device=dev)
     for _ in range(args.calls):
-        rmsnorm_quant_into(x, w, 1e-5, spec, y, codes, scales)
+        rmsnorm_quant_into(x, w, 1e-5, spec, y, codes, scales, **({"prefetch": True} if args.prefetch else {}))
     if dev.type == "cuda":
         torch.cuda.synchronize()
     print(f"rmsnorm_quant {args.format} {tok}x{hid}: {args.calls} launches; y[0, :4] = {y[0, :4].tolist()}")

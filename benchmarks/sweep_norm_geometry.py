@@ -23,6 +23,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--warps", type=int, nargs="+", default=[4, 8, 16])
     ap.add_argument("--programs-per-sm", type=int, nargs="+", default=[4, 8, 16, 0],
                     help="persistent programs per SM (0: one program per row)")
+    ap.add_argument("--tiles", nargs="+", choices=["generic", "vec16"], default=["generic", "vec16"])
+    ap.add_argument("--prefetch", type=int, nargs="+", choices=[0, 1], default=[0],
+                    help="generic tile: 1 loads each program's next row before this row's work")
+    ap.add_argument("--maxnreg", nargs="+", default=["auto"],
+                    help="AGOQ_CUDA_MAXNREG settings to run under (agoq_cuda.launch.parse_maxnreg)")
     harness.add_json_arg(ap, "sweep_norm_geometry")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -65,23 +70,28 @@ def main(argv=None) -> dict:
             LAUNCHER.quantize(x.reshape(-1), spec, codes, scales)
 
         pair_ms = report["pair_ms"][fmt] = timed(pair)
-        ref = None
-        for vec16 in (False, True):
-            for wp in warps:
-                for pps in args.programs_per_sm:
-                    progs = m if pps == 0 else min(m, pps * sms)
-                    y = torch.empty_like(x)
-                    ms = timed(lambda: rmsnorm_quant_into(x, w, 1e-5, spec, y, codes, scales, programs=progs,
-                                                          vec16=vec16, warps=wp))
-                    got = (codes.clone(), scales.clone())
-                    ref = ref or got
-                    same = torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
-                    row = {"format": fmt, "tile": "vec16" if vec16 else "generic", "warps": wp, "programs": progs,
-                           "us": ms * 1e3, "x_vs_compiled_pair": pair_ms / ms if ms else None, "codes_same": same}
-                    report["rows"].append(row)
-                    print(f"{fmt:9s} {row['tile']:7s} warps {wp} programs {progs:6d}: {ms * 1e3:7.1f} us"
-                          + (f"  x{pair_ms / ms:.2f} vs compiled pair ({pair_ms * 1e3:.1f} us)" if ms else "")
-                          + ("" if same else "  CODES DIFFER"), flush=True)
+        refs = {}  # per tile: "tree" sums y's squares in the tile's order, so y may differ between tiles
+        combos = [(vec16, pf, cap, wp, pps) for vec16 in [t == "vec16" for t in args.tiles]
+                  for pf in (args.prefetch if not vec16 else [0]) for cap in args.maxnreg for wp in warps
+                  for pps in args.programs_per_sm]
+        for vec16, pf, cap, wp, pps in combos:
+            progs = m if pps == 0 else min(m, pps * sms)
+            y = torch.empty_like(x)
+            os.environ["AGOQ_CUDA_MAXNREG"] = cap  # read per launch (agoq_cuda.launch.fused_maxnreg)
+            ms = timed(lambda: rmsnorm_quant_into(x, w, 1e-5, spec, y, codes, scales, programs=progs,
+                                                  vec16=vec16, warps=wp, prefetch=bool(pf)))
+            got = (codes.clone(), scales.clone(), y.clone())
+            ref = refs.setdefault(vec16, got)
+            same = all(torch.equal(a, b) for a, b in zip(got, ref))
+            row = {"format": fmt, "tile": "vec16" if vec16 else "generic", "prefetch": pf, "maxnreg": cap,
+                   "warps": wp, "programs": progs, "us": ms * 1e3,
+                   "x_vs_compiled_pair": pair_ms / ms if ms else None, "same_bits": same}
+            report["rows"].append(row)
+            print(f"{fmt:9s} {row['tile']:7s} prefetch {pf} maxnreg {cap:8s} warps {wp} programs {progs:6d}: "
+                  f"{ms * 1e3:7.1f} us"
+                  + (f"  x{pair_ms / ms:.2f} vs compiled pair ({pair_ms * 1e3:.1f} us)" if ms else "")
+                  + ("" if same else "  BITS DIFFER"), flush=True)
+        os.environ.pop("AGOQ_CUDA_MAXNREG", None)
     harness.write_json(report, args.json, "sweep_norm_geometry")
     return report
 

@@ -24,6 +24,7 @@ import triton.language as tl
 from agoq_cuda.fused_swiglu import _round  # RNE to the activation dtype, in registers
 from agoq_cuda.launch import LAUNCHER, fused_maxnreg, fused_vec16  # the plugin's geometry decides HW and the tile
 from agoq_triton_kernels.buffers import check_codec_buffers, float_view
+from agoq_triton_kernels.codes import bf16_bits_to_f32
 from agoq_triton_kernels.kernels import (_load_f32, _quantize16, _store_codes16, _store_f32, _tile16, quantize_tile,
                                          store_codes)
 from agoq_triton_kernels.layout import next_pow2, spec_constexprs
@@ -73,6 +74,25 @@ def _row_sum_squares(x_ptr, x, base, H: tl.constexpr, FLOAT: tl.constexpr, ORDER
 
 
 @triton.jit
+def _load_raw(ptr, offs, mask, FLOAT: tl.constexpr):
+    """The 16/32-bit values as stored (bf16 as its int16 view): half the registers of _load_f32's fp32 while a
+    prefetched row waits (PREFETCH)."""
+    if FLOAT == 1:
+        return tl.load(ptr + offs, mask=mask, other=0)
+    else:
+        return tl.load(ptr + offs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _widen(raw, FLOAT: tl.constexpr):
+    """_load_raw's values in fp32, exactly as _load_f32 would have returned them."""
+    if FLOAT == 1:
+        return bf16_bits_to_f32(raw)
+    else:
+        return raw.to(tl.float32)
+
+
+@triton.jit
 def _normalized(x, r, w, FLOAT: tl.constexpr, HW: tl.constexpr):
     """w * round_dtype(x * r) in fp32 (HF LlamaRMSNorm: h.to(input_dtype), then the 16-bit product)."""
     return w * _round(x * r, FLOAT, HW)
@@ -85,7 +105,7 @@ def _rmsnorm_quant_kernel(x_ptr, w_ptr, y_ptr, codes_ptr, scales_ptr, M, eps, ts
                           FLOAT: tl.constexpr, SCALE: tl.constexpr = 0, ORDER: tl.constexpr = 0,
                           RSQRT: tl.constexpr = 0, LANES: tl.constexpr = 32, LOG_LANES: tl.constexpr = 5,
                           WRITE_R: tl.constexpr = 0, elut_ptr=None, NF4_LUT: tl.constexpr = False,
-                          VEC16: tl.constexpr = False):
+                          VEC16: tl.constexpr = False, PREFETCH: tl.constexpr = False):
     j = tl.arange(0, NBR)
     if VEC16:  # the codec kernels' 16-lane tile: [BLOCK // 16, NBR, 8] halves of each 16-element group
         _, _, wcol, _ = _tile16(0, NBR, NBR, BLOCK)
@@ -96,6 +116,8 @@ def _rmsnorm_quant_kernel(x_ptr, w_ptr, y_ptr, codes_ptr, scales_ptr, M, eps, ts
         col = j[:, None] * BLOCK + lanes[None, :]
         w = _load_f32(w_ptr, col, col < H, FLOAT)
     t = tl.program_id(0)
+    if PREFETCH:  # generic tile only: this program's first row, loaded before the loop
+        xr = _load_raw(x_ptr, (t * NBR + j)[:, None] * BLOCK + lanes[None, :], (col < H) & (t < M), FLOAT)
     while t < M:
         if VEC16:
             rows, ok, off, m = _tile16(t, M * NBR, NBR, BLOCK)  # the NBR blocks of token row t
@@ -111,7 +133,12 @@ def _rmsnorm_quant_kernel(x_ptr, w_ptr, y_ptr, codes_ptr, scales_ptr, M, eps, ts
             rows = t * NBR + j  # global block indices of this token row
             ok = j < NBR
             elem = rows[:, None] * BLOCK + lanes[None, :]
-            x = _load_f32(x_ptr, elem, col < H, FLOAT)
+            if PREFETCH:  # the next row's load is issued before this row's work: two rows in flight per program
+                x = _widen(xr, FLOAT)
+                tn = t + tl.num_programs(0)
+                xr = _load_raw(x_ptr, (tn * NBR + j)[:, None] * BLOCK + lanes[None, :], (col < H) & (tn < M), FLOAT)
+            else:
+                x = _load_f32(x_ptr, elem, col < H, FLOAT)
             codes, scale = quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT, HW, SCALE, ts_ptr)
             store_codes(codes_ptr, codes, rows, ok, elem, col < H, M * H, NBR, BITS, BLOCK, BLOCK_P, False)
             ss = _row_sum_squares(x_ptr, x, t * H, H, FLOAT, ORDER, LANES, LOG_LANES)
@@ -168,7 +195,7 @@ def rmsnorm_quant_variants(device: torch.device) -> tuple[str, ...]:
 def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, y: torch.Tensor,
                        codes: torch.Tensor, scales: torch.Tensor, *, variant: str | None = None,
                        rinv: torch.Tensor | None = None, hw: bool | None = None, programs: int | None = None,
-                       vec16: bool | None = None, warps: int | None = None) -> None:
+                       vec16: bool | None = None, warps: int | None = None, prefetch: bool = False) -> None:
     """y = RMSNorm(x) * weight (x.dtype), (codes, scales) = Q_spec(x flattened), in one pass over x.
     ``variant``: how y's sum of squares and rsqrt are computed (VARIANTS; default: the first of
     rmsnorm_quant_variants). ``rinv``: if given, a float32 [rows] tensor that receives each row's inverse
@@ -176,7 +203,9 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
     ``vec16``: the codec kernels' 16-lane tile (None: the launcher's rules; off unless AGOQ_CUDA_VEC16 asks for
     ``rmsnorm_quant``, not yet timed on a GPU). Same codes, and the same ``y`` for the torch-order variants; ``tree``
     sums in the tile's order, so its ``y`` may differ from the generic tile's where the sum rounds differently.
-    ``programs`` / ``warps``: tuning overrides of the persistent grid and the warps per program (GPU)."""
+    ``programs`` / ``warps``: tuning overrides of the persistent grid and the warps per program (GPU).
+    ``prefetch``: on the generic tile, load each program's next row before working on this one (same bits; being
+    timed, docs/bench/codecs.md)."""
     why = rmsnorm_quant_unsupported(x, weight, spec)
     if why:
         raise ValueError(f"rmsnorm_quant: {why}")
@@ -215,4 +244,5 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
         H=h, NBR=h // spec.block, KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"],
         BLOCK_P=c["BLOCK_P"], QMAX=c["QMAX"], HW=hw_, FLOAT=fk, SCALE=c.get("SCALE", 0), ORDER=order,
         RSQRT=rsq, LANES=lanes, LOG_LANES=lanes.bit_length() - 1, WRITE_R=int(rinv is not None),
-        elut_ptr=elut, NF4_LUT=elut is not None, enable_fp_fusion=False, **tile, **extra))
+        elut_ptr=elut, NF4_LUT=elut is not None, PREFETCH=bool(prefetch) and not tile, enable_fp_fusion=False,
+        **tile, **extra))

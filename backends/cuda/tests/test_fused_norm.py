@@ -44,6 +44,36 @@ def test_rmsnorm_quant_matches_unfused(fmt, dtype, vec16, device):
         assert (y.cpu() != want_y).float().mean() < 0.02
 
 
+@pytest.mark.parametrize("fmt", ["int4", "nf4", "mxfp4"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+@pytest.mark.parametrize("programs", [1, 2, 3])
+def test_prefetch_changes_no_bit(fmt, dtype, programs, device):
+    """prefetch=True (the next row loaded before this one's work) against the reference and the default path,
+    every output; 7 rows over 1-3 persistent programs so programs see a last row, a masked-off next row and
+    uneven shares."""
+    spec = get_format(fmt)
+    h = 256
+    g = torch.Generator().manual_seed(11)
+    x = (torch.randn(7, h, generator=g) * 3).to(dtype)
+    x[4, 9] = -150.0
+    w = (1 + 0.1 * torch.randn(h, generator=g)).to(dtype)
+    outs = []
+    for prefetch in (False, True):
+        y = torch.full_like(x, 5.0, device=device)
+        codes = torch.full((spec.code_bytes(x.numel()),), 0xA5, dtype=torch.uint8, device=device)
+        scales = torch.full((spec.num_blocks(x.numel()),), -7.0, device=device)
+        rinv = torch.full((7,), -1.0, device=device)
+        rmsnorm_quant_into(x.to(device), w.to(device), 1e-5, spec, y, codes, scales, vec16=False, rinv=rinv,
+                           programs=programs, prefetch=prefetch)
+        outs.append((y.cpu(), codes.cpu(), scales.cpu(), rinv.cpu()))
+    want_c, want_s = ref.quantize_blocks(x, spec)
+    assert_bits_equal(outs[1][1], want_c, "codes")
+    assert_bits_equal(outs[1][2], want_s, "scales")
+    for name, a, b in zip(("y", "codes", "scales", "rinv"), outs[0], outs[1]):
+        assert_bits_equal(b, a, name)
+    assert (outs[1][3] > 0).all()  # every row written
+
+
 def test_unsupported_shapes_are_explained():
     spec = get_format("int4")
     assert "power-of-two" in rmsnorm_quant_unsupported(torch.zeros(2, 384), torch.zeros(384), spec)
