@@ -240,7 +240,9 @@ def silu_mul_backward_unsupported(dh: torch.Tensor, spec) -> str | None:
 
 def _launch_consts(spec, n: int, dtype: torch.dtype, device: torch.device, programs: int | None, hw: bool | None):
     c = spec_constexprs(spec)
-    la = LAUNCHER.geometry.plan("quantize", spec, n, dtype, device, rows=None, programs=programs)
+    # the launcher's plan cache (CudaGeometry's plans are pure): the plan is ~4 us of host time per call otherwise
+    la = LAUNCHER._first(functools.partial(LAUNCHER.geometry.plan, "quantize", spec, n, dtype, device,
+                                           programs=programs), None)
     return c, la, LAUNCHER.geometry.hw(device, hw), LAUNCHER
 
 
