@@ -126,12 +126,12 @@ FUSED_OPS = ("silu_mul_quant", "silu_mul_backward", "rmsnorm_quant")
 
 
 def compile_fused(op: str, fmt: str, vec16: bool, arch: int = 90, hidden: int = 4096,
-                  maxnreg: int | None = None) -> dict:
+                  maxnreg: int | None = None, prefetch: bool = False) -> dict:
     """Compile a fused kernel of agoq-cuda (FUSED_OPS) for sm_90 on the generic or the 16-lane tile, as it is
     launched on an H200 (bf16; SiLU&Mul: variants ``libdevice`` / ``table_fma``, the codec geometry's rows and
     warps; RMSNorm: variant ``tree``, one ``hidden``-element token row per loop iteration), and count its SASS.
     ``maxnreg``: None compiles with the register cap the launch uses (agoq_cuda.launch.MAXNREG), 0 without a cap,
-    N with a cap of N."""
+    N with a cap of N. ``prefetch``: the RMSNorm's next-row prefetch (generic tile; fused_norm's ``prefetch``)."""
     import torch
 
     from agoq_core.formats.spec import get_format
@@ -149,7 +149,7 @@ def compile_fused(op: str, fmt: str, vec16: bool, arch: int = 90, hidden: int = 
         fn, warps, elems = fused_norm._rmsnorm_quant_kernel, 8 if hidden <= 8192 else 16, hidden
         order, rsq = fused_norm.VARIANTS["tree"]
         c.update(H=hidden, NBR=hidden // spec.block, ORDER=order, RSQRT=rsq, LANES=32, LOG_LANES=5, WRITE_R=0,
-                 r_ptr=None)
+                 r_ptr=None, PREFETCH=bool(prefetch) and not c["VEC16"])
         sig = {"x_ptr": p16, "w_ptr": p16, "y_ptr": p16, "codes_ptr": i8, "scales_ptr": p32, "M": "i32",
                "eps": "fp32", "ts_ptr": p32 if spec.tensor_scaled else "constexpr",
                "elut_ptr": "*i64" if lut else "constexpr"}

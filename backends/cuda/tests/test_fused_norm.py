@@ -174,3 +174,28 @@ def test_bench_fused_host_smoke(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [x["launcher"] for x in rows] == ["rmsnorm_quant_into", "silu_mul_quant_into", "silu_mul_backward_into"]
     assert all(x["us_per_call"] > 0 for x in rows)
+
+
+def test_sweep_norm_geometry_smoke(tmp_path):
+    """benchmarks/sweep_norm_geometry.py --smoke: every combination of tile, prefetch and register-cap setting runs
+    (the interpreter), and each one writes the same codes, scales and y as the first of its tile."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    out = tmp_path / "s.json"
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "sweep_norm_geometry.py"), "--smoke", "--formats",
+                        "mxfp4", "--prefetch", "0", "1", "--maxnreg", "auto", "rmsnorm_quant:mxfp4=64",
+                        "--programs-per-sm", "1", "--json", str(out)], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, TRITON_INTERPRET="1"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    got = {(x["tile"], x["prefetch"], x["maxnreg"]) for x in rows}
+    assert got == {("generic", 0, "auto"), ("generic", 1, "auto"), ("generic", 0, "rmsnorm_quant:mxfp4=64"),
+                   ("generic", 1, "rmsnorm_quant:mxfp4=64"), ("vec16", 0, "auto"),
+                   ("vec16", 0, "rmsnorm_quant:mxfp4=64")}
+    assert all(x["same_bits"] for x in rows)
+    assert "AGOQ_CUDA_MAXNREG" not in os.environ
