@@ -13,7 +13,7 @@ sequence parallelism on: everything a layer does is split ``t`` ways):
 - **LAAQ** (AGoQ's activation path): forward quantizes the two RMSNorm inputs and the SwiGLU input
   (+ the out-projection input in the paper's design); backward dequantizes them and recomputes
   both RMSNorms and SwiGLU. Codec kernels at their measured share of copy bandwidth
-  (``CODEC_COPY_FRACTION``), exact packed sizes from ``agoq_core.formats``.
+  (``device.codec_copy_fraction``), exact packed sizes from ``agoq_core.formats``.
 - **full-layer recomputation** (Megatron ``--recompute-granularity full``): one more forward of
   the layer (and its tensor-parallel collectives) in backward.
 

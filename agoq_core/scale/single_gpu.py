@@ -4,7 +4,9 @@
 plain bf16 steps at 4K and 16K tokens; ``h200_check(runs)`` then predicts every row of the same run —
 plain, full activation checkpointing and LAAQ at 4K and 16K: step time, tokens/s and the bytes the
 decoder layers keep — and returns predicted vs measured. The benchmark is Hugging Face eager (memory-
-bound ops as ``compute.ELEMENTWISE["hf"]``), batch 1, no optimizer step.
+bound ops as ``compute.ELEMENTWISE["hf"]``), batch 1, no optimizer step. Both use
+``devices.H200_2026_11_29``: the H200 with the codec shares of 2026-11-29, the kernels that ran in that step
+(the default H200 profile carries the newer kernels' shares).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from pathlib import Path
 from agoq_core.planner.memory import ActivationCostTable
 from agoq_core.planner.model import model_shape
 from agoq_core.scale import compute as C
-from agoq_core.scale.devices import DeviceProfile, device_profile
+from agoq_core.scale.devices import H200_2026_11_29, DeviceProfile
 from agoq_core.scale.errors import ScaleError
 from agoq_core.scale.memory import hf_plain_layer_bytes
 
@@ -50,7 +52,7 @@ def _parts(dev: DeviceProfile, seq: int) -> tuple[float, float, float]:
 def fit_h200(runs: dict | None = None, dev: DeviceProfile | None = None) -> tuple[float, float]:
     """(attention efficiency, fixed seconds per layer) that make the plain 4K and 16K steps exact."""
     runs = runs if runs is not None else load_runs()
-    dev = dev or device_profile("H200")
+    dev = dev or H200_2026_11_29
     (r4, a4, L), (r16, a16, _) = _parts(dev, 4096), _parts(dev, 16384)
     t4, t16 = runs[("plain", 4096)]["step_s"], runs[("plain", 16384)]["step_s"]
     # t = rest + attn * x + L * c, with x = 1 / efficiency
@@ -77,7 +79,7 @@ class CheckRow:
 
 def h200_check(runs: dict | None = None) -> list[CheckRow]:
     runs = runs if runs is not None else load_runs()
-    dev = device_profile("H200")
+    dev = H200_2026_11_29
     shape = model_shape("llama2-7b")
     out = []
     for seq in (4096, 16384):
