@@ -126,17 +126,18 @@ FUSED_OPS = ("silu_mul_quant", "silu_mul_backward", "rmsnorm_quant")
 
 
 def compile_fused(op: str, fmt: str, vec16: bool, arch: int = 90, hidden: int = 4096,
-                  maxnreg: int | None = None, prefetch: bool = False) -> dict:
+                  maxnreg: int | None = None, prefetch: bool | None = None) -> dict:
     """Compile a fused kernel of agoq-cuda (FUSED_OPS) for sm_90 on the generic or the 16-lane tile, as it is
     launched on an H200 (bf16; SiLU&Mul: variants ``libdevice`` / ``table_fma``, the codec geometry's rows and
     warps; RMSNorm: variant ``tree``, one ``hidden``-element token row per loop iteration), and count its SASS.
     ``maxnreg``: None compiles with the register cap the launch uses (agoq_cuda.launch.MAXNREG), 0 without a cap,
-    N with a cap of N. ``prefetch``: the RMSNorm's next-row prefetch (generic tile; fused_norm's ``prefetch``)."""
+    N with a cap of N. ``prefetch``: the RMSNorm's next-row prefetch on the generic tile (None: as launched,
+    agoq_cuda.launch.NORM_PREFETCH; a prefetching launch takes no cap)."""
     import torch
 
     from agoq_core.formats.spec import get_format
     from agoq_cuda import fused_norm, fused_swiglu
-    from agoq_cuda.launch import MAXNREG, CudaGeometry
+    from agoq_cuda.launch import MAXNREG, NORM_PREFETCH, CudaGeometry
     from agoq_triton_kernels.layout import FLOAT_BF16, format_constexprs
 
     spec = get_format(fmt)
@@ -148,8 +149,9 @@ def compile_fused(op: str, fmt: str, vec16: bool, arch: int = 90, hidden: int = 
     if op == "rmsnorm_quant":
         fn, warps, elems = fused_norm._rmsnorm_quant_kernel, 8 if hidden <= 8192 else 16, hidden
         order, rsq = fused_norm.VARIANTS["tree"]
+        pf = fmt in NORM_PREFETCH if prefetch is None else bool(prefetch)
         c.update(H=hidden, NBR=hidden // spec.block, ORDER=order, RSQRT=rsq, LANES=32, LOG_LANES=5, WRITE_R=0,
-                 r_ptr=None, PREFETCH=bool(prefetch) and not c["VEC16"])
+                 r_ptr=None, PREFETCH=pf and not c["VEC16"])
         sig = {"x_ptr": p16, "w_ptr": p16, "y_ptr": p16, "codes_ptr": i8, "scales_ptr": p32, "M": "i32",
                "eps": "fp32", "ts_ptr": p32 if spec.tensor_scaled else "constexpr",
                "elut_ptr": "*i64" if lut else "constexpr"}
@@ -177,7 +179,8 @@ def compile_fused(op: str, fmt: str, vec16: bool, arch: int = 90, hidden: int = 
             c[k] = None
     c = {k: v for k, v in c.items() if k in fn.arg_names}
     rec = {"op": op, "fmt": fmt, "tile": "vec16" if c.get("VEC16") else "generic", "rows": elems // spec.block}
-    cap = MAXNREG.get((op, fmt, bool(c.get("VEC16")))) if maxnreg is None else (maxnreg or None)
+    cap = (None if c.get("PREFETCH") else MAXNREG.get((op, fmt, bool(c.get("VEC16"))))) if maxnreg is None \
+        else (maxnreg or None)
     return _compile_and_count(fn, sig, c, warps, elems, arch, rec, maxnreg=cap)
 
 

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from agoq_cuda.fused_swiglu import _round  # RNE to the activation dtype, in registers
-from agoq_cuda.launch import LAUNCHER, fused_maxnreg, fused_vec16  # the plugin's geometry decides HW and the tile
+from agoq_cuda.launch import LAUNCHER, fused_maxnreg, fused_vec16, norm_prefetch  # the plugin's geometry decides HW and the tile
 from agoq_triton_kernels.buffers import check_codec_buffers, float_view
 from agoq_triton_kernels.codes import bf16_bits_to_f32
 from agoq_triton_kernels.kernels import (_load_f32, _quantize16, _store_codes16, _store_f32, _tile16, quantize_tile,
@@ -74,13 +74,19 @@ def _row_sum_squares(x_ptr, x, base, H: tl.constexpr, FLOAT: tl.constexpr, ORDER
 
 
 @triton.jit
-def _load_raw(ptr, offs, mask, FLOAT: tl.constexpr):
+def _load_raw(ptr, offs, mask, FLOAT: tl.constexpr, STREAM: tl.constexpr = False):
     """The 16/32-bit values as stored (bf16 as its int16 view): half the registers of _load_f32's fp32 while a
-    prefetched row waits (PREFETCH)."""
-    if FLOAT == 1:
-        return tl.load(ptr + offs, mask=mask, other=0)
+    prefetched row waits (PREFETCH). STREAM: the evict-first hint (x is read once; the NF4 table stays cached)."""
+    if STREAM:
+        if FLOAT == 1:
+            return tl.load(ptr + offs, mask=mask, other=0, eviction_policy="evict_first")
+        else:
+            return tl.load(ptr + offs, mask=mask, other=0.0, eviction_policy="evict_first")
     else:
-        return tl.load(ptr + offs, mask=mask, other=0.0)
+        if FLOAT == 1:
+            return tl.load(ptr + offs, mask=mask, other=0)
+        else:
+            return tl.load(ptr + offs, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -105,7 +111,8 @@ def _rmsnorm_quant_kernel(x_ptr, w_ptr, y_ptr, codes_ptr, scales_ptr, M, eps, ts
                           FLOAT: tl.constexpr, SCALE: tl.constexpr = 0, ORDER: tl.constexpr = 0,
                           RSQRT: tl.constexpr = 0, LANES: tl.constexpr = 32, LOG_LANES: tl.constexpr = 5,
                           WRITE_R: tl.constexpr = 0, elut_ptr=None, NF4_LUT: tl.constexpr = False,
-                          VEC16: tl.constexpr = False, PREFETCH: tl.constexpr = False):
+                          VEC16: tl.constexpr = False, PREFETCH: tl.constexpr = False,
+                          STREAM: tl.constexpr = False):
     j = tl.arange(0, NBR)
     if VEC16:  # the codec kernels' 16-lane tile: [BLOCK // 16, NBR, 8] halves of each 16-element group
         _, _, wcol, _ = _tile16(0, NBR, NBR, BLOCK)
@@ -117,7 +124,7 @@ def _rmsnorm_quant_kernel(x_ptr, w_ptr, y_ptr, codes_ptr, scales_ptr, M, eps, ts
         w = _load_f32(w_ptr, col, col < H, FLOAT)
     t = tl.program_id(0)
     if PREFETCH:  # generic tile only: this program's first row, loaded before the loop
-        xr = _load_raw(x_ptr, (t * NBR + j)[:, None] * BLOCK + lanes[None, :], (col < H) & (t < M), FLOAT)
+        xr = _load_raw(x_ptr, (t * NBR + j)[:, None] * BLOCK + lanes[None, :], (col < H) & (t < M), FLOAT, STREAM)
     while t < M:
         if VEC16:
             rows, ok, off, m = _tile16(t, M * NBR, NBR, BLOCK)  # the NBR blocks of token row t
@@ -136,9 +143,10 @@ def _rmsnorm_quant_kernel(x_ptr, w_ptr, y_ptr, codes_ptr, scales_ptr, M, eps, ts
             if PREFETCH:  # the next row's load is issued before this row's work: two rows in flight per program
                 x = _widen(xr, FLOAT)
                 tn = t + tl.num_programs(0)
-                xr = _load_raw(x_ptr, (tn * NBR + j)[:, None] * BLOCK + lanes[None, :], (col < H) & (tn < M), FLOAT)
+                xr = _load_raw(x_ptr, (tn * NBR + j)[:, None] * BLOCK + lanes[None, :], (col < H) & (tn < M), FLOAT,
+                               STREAM)
             else:
-                x = _load_f32(x_ptr, elem, col < H, FLOAT)
+                x = _widen(_load_raw(x_ptr, elem, col < H, FLOAT, STREAM), FLOAT)
             codes, scale = quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT, HW, SCALE, ts_ptr)
             store_codes(codes_ptr, codes, rows, ok, elem, col < H, M * H, NBR, BITS, BLOCK, BLOCK_P, False)
             ss = _row_sum_squares(x_ptr, x, t * H, H, FLOAT, ORDER, LANES, LOG_LANES)
@@ -195,7 +203,8 @@ def rmsnorm_quant_variants(device: torch.device) -> tuple[str, ...]:
 def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, y: torch.Tensor,
                        codes: torch.Tensor, scales: torch.Tensor, *, variant: str | None = None,
                        rinv: torch.Tensor | None = None, hw: bool | None = None, programs: int | None = None,
-                       vec16: bool | None = None, warps: int | None = None, prefetch: bool = False) -> None:
+                       vec16: bool | None = None, warps: int | None = None, prefetch: bool | None = None,
+                       stream: bool | None = None) -> None:
     """y = RMSNorm(x) * weight (x.dtype), (codes, scales) = Q_spec(x flattened), in one pass over x.
     ``variant``: how y's sum of squares and rsqrt are computed (VARIANTS; default: the first of
     rmsnorm_quant_variants). ``rinv``: if given, a float32 [rows] tensor that receives each row's inverse
@@ -204,8 +213,10 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
     ``rmsnorm_quant``, not yet timed on a GPU). Same codes, and the same ``y`` for the torch-order variants; ``tree``
     sums in the tile's order, so its ``y`` may differ from the generic tile's where the sum rounds differently.
     ``programs`` / ``warps``: tuning overrides of the persistent grid and the warps per program (GPU).
-    ``prefetch``: on the generic tile, load each program's next row before working on this one (same bits; being
-    timed, docs/bench/codecs.md)."""
+    ``prefetch``: on the generic tile, load each program's next row before working on this one (None: the
+    formats of agoq_cuda.launch.NORM_PREFETCH on a GPU, AGOQ_CUDA_NORM_PREFETCH overrides; a prefetching launch
+    takes no register cap). ``stream``: x's loads carry the evict-first hint (None: off; being timed). Same bits
+    either way."""
     why = rmsnorm_quant_unsupported(x, weight, spec)
     if why:
         raise ValueError(f"rmsnorm_quant: {why}")
@@ -236,13 +247,15 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
     nprog = programs or (2 if x.device.type == "cpu" else min(m, 132 * 8))
     warps = warps or (4 if h <= 2048 else 8 if h <= 8192 else 16)
     tile = fused_vec16("rmsnorm_quant", spec, (codes,), writes=True, vec16=vec16)
+    pf = not tile and (norm_prefetch(spec, x.device) if prefetch is None else bool(prefetch))
     extra = {} if x.device.type == "cpu" else {"num_warps": warps}
-    extra.update(fused_maxnreg("rmsnorm_quant", spec, tile, x.device))
+    if not pf:  # the caps were timed without the prefetch; with it fp4's cap spills (codec_isa)
+        extra.update(fused_maxnreg("rmsnorm_quant", spec, tile, x.device))
     elut = LAUNCHER._elut(spec, x.device)  # NF4: the bucket table (one gather per element), as the codec kernels
     LAUNCHER.launch(_rmsnorm_quant_kernel, max(1, nprog), (
         xv, wv, yv, codes.view(torch.int8), scales, m, float(eps), LAUNCHER.tensor_scale(spec, x), rinv), dict(
         H=h, NBR=h // spec.block, KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"],
         BLOCK_P=c["BLOCK_P"], QMAX=c["QMAX"], HW=hw_, FLOAT=fk, SCALE=c.get("SCALE", 0), ORDER=order,
         RSQRT=rsq, LANES=lanes, LOG_LANES=lanes.bit_length() - 1, WRITE_R=int(rinv is not None),
-        elut_ptr=elut, NF4_LUT=elut is not None, PREFETCH=bool(prefetch) and not tile, enable_fp_fusion=False,
+        elut_ptr=elut, NF4_LUT=elut is not None, PREFETCH=pf, STREAM=bool(stream), enable_fp_fusion=False,
         **tile, **extra))

@@ -20,8 +20,9 @@ import torch
 from agoq_triton_kernels.launch import Launch, Launcher, is_interpreted, vec16_aligned
 from agoq_triton_kernels.layout import next_pow2
 
-__all__ = ["Geometry", "geometry", "CudaGeometry", "VEC16_DEFAULTS", "MAXNREG", "parse_vec16", "parse_maxnreg",
-           "LAUNCHER", "quantize", "dequantize", "accumulate", "reduce_requantize", "is_interpreted"]
+__all__ = ["Geometry", "geometry", "CudaGeometry", "VEC16_DEFAULTS", "MAXNREG", "NORM_PREFETCH", "norm_prefetch",
+           "parse_vec16", "parse_maxnreg", "LAUNCHER", "quantize", "dequantize", "accumulate", "reduce_requantize",
+           "is_interpreted"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +213,25 @@ reduce_requantize = LAUNCHER.reduce_requantize
 MAXNREG: dict[tuple[str, str, bool], int] = {
     ("rmsnorm_quant", "fp4_e2m1", False): 64,
 }
+
+
+#: Formats whose fused RMSNorm + quantize loads each program's next token row before working on the current one
+#: (fused_norm's ``prefetch``: two rows in flight per program, +8 registers). 16384 x 4096 bf16 on an H100,
+#: 2026-12-06 (docs/bench/codecs.md, twelfth session; default geometry, 8 warps, 1056 programs): mxfp4 128.2 ->
+#: 115.0 us (Nsight Compute: 120.6 -> 109.0 us, DRAM 72% -> 79% of peak), int4 115.4 -> 111.7 us. Not listed:
+#: fp4_e2m1 (121 either way, capped), nf4 (123.9 / 123.7 us in Nsight Compute). AGOQ_CUDA_NORM_PREFETCH=0 / 1
+#: turns it off / on for every format (timing); ``auto`` or unset: this set.
+NORM_PREFETCH: frozenset[str] = frozenset({"int4", "mxfp4"})
+
+
+def norm_prefetch(spec, device) -> bool:
+    """Whether the fused norm prefetches for ``spec`` on ``device`` by default (never in the interpreter)."""
+    if device.type == "cpu":
+        return False
+    v = os.environ.get("AGOQ_CUDA_NORM_PREFETCH", "").strip().lower()
+    if v in ("", "auto"):
+        return spec.name in NORM_PREFETCH
+    return _flag("AGOQ_CUDA_NORM_PREFETCH", False)
 
 
 _FUSED_OPS = ("silu_mul_quant", "silu_mul_backward", "rmsnorm_quant")

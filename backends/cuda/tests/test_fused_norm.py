@@ -48,9 +48,9 @@ def test_rmsnorm_quant_matches_unfused(fmt, dtype, vec16, device):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
 @pytest.mark.parametrize("programs", [1, 2, 3])
 def test_prefetch_changes_no_bit(fmt, dtype, programs, device):
-    """prefetch=True (the next row loaded before this one's work) against the reference and the default path,
-    every output; 7 rows over 1-3 persistent programs so programs see a last row, a masked-off next row and
-    uneven shares."""
+    """prefetch=True (the next row loaded before this one's work) and stream=True (the evict-first hint on x)
+    against the reference and the plain path, every output; 7 rows over 1-3 persistent programs so programs see a
+    last row, a masked-off next row and uneven shares."""
     spec = get_format(fmt)
     h = 256
     g = torch.Generator().manual_seed(11)
@@ -58,20 +58,21 @@ def test_prefetch_changes_no_bit(fmt, dtype, programs, device):
     x[4, 9] = -150.0
     w = (1 + 0.1 * torch.randn(h, generator=g)).to(dtype)
     outs = []
-    for prefetch in (False, True):
+    for prefetch, stream in ((False, False), (True, False), (True, True), (False, True)):
         y = torch.full_like(x, 5.0, device=device)
         codes = torch.full((spec.code_bytes(x.numel()),), 0xA5, dtype=torch.uint8, device=device)
         scales = torch.full((spec.num_blocks(x.numel()),), -7.0, device=device)
         rinv = torch.full((7,), -1.0, device=device)
         rmsnorm_quant_into(x.to(device), w.to(device), 1e-5, spec, y, codes, scales, vec16=False, rinv=rinv,
-                           programs=programs, prefetch=prefetch)
+                           programs=programs, prefetch=prefetch, stream=stream)
         outs.append((y.cpu(), codes.cpu(), scales.cpu(), rinv.cpu()))
     want_c, want_s = ref.quantize_blocks(x, spec)
     assert_bits_equal(outs[1][1], want_c, "codes")
     assert_bits_equal(outs[1][2], want_s, "scales")
-    for name, a, b in zip(("y", "codes", "scales", "rinv"), outs[0], outs[1]):
-        assert_bits_equal(b, a, name)
-    assert (outs[1][3] > 0).all()  # every row written
+    for other in outs[1:]:
+        for name, a, b in zip(("y", "codes", "scales", "rinv"), outs[0], other):
+            assert_bits_equal(b, a, name)
+        assert (other[3] > 0).all()  # every row written
 
 
 def test_unsupported_shapes_are_explained():
@@ -188,14 +189,34 @@ def test_sweep_norm_geometry_smoke(tmp_path):
     root = Path(__file__).resolve().parents[3]
     out = tmp_path / "s.json"
     r = subprocess.run([sys.executable, str(root / "benchmarks" / "sweep_norm_geometry.py"), "--smoke", "--formats",
-                        "mxfp4", "--prefetch", "0", "1", "--maxnreg", "auto", "rmsnorm_quant:mxfp4=64",
+                        "mxfp4", "--prefetch", "0", "1", "--stream", "0", "1", "--maxnreg", "auto", "rmsnorm_quant:mxfp4=64",
                         "--programs-per-sm", "1", "--json", str(out)], capture_output=True, text=True, timeout=600,
                        env=dict(os.environ, TRITON_INTERPRET="1"))
     assert r.returncode == 0, r.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     got = {(x["tile"], x["prefetch"], x["maxnreg"]) for x in rows}
+    assert {x["stream"] for x in rows} == {0, 1}
     assert got == {("generic", 0, "auto"), ("generic", 1, "auto"), ("generic", 0, "rmsnorm_quant:mxfp4=64"),
                    ("generic", 1, "rmsnorm_quant:mxfp4=64"), ("vec16", 0, "auto"),
                    ("vec16", 0, "rmsnorm_quant:mxfp4=64")}
     assert all(x["same_bits"] for x in rows)
     assert "AGOQ_CUDA_MAXNREG" not in os.environ
+
+
+def test_norm_prefetch_defaults(monkeypatch):
+    """The prefetch default: the NORM_PREFETCH formats on a GPU, never in the interpreter; AGOQ_CUDA_NORM_PREFETCH
+    overrides it, and a value it cannot read is an error, not a silent default."""
+    from agoq_cuda.launch import NORM_PREFETCH, norm_prefetch
+
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+    monkeypatch.delenv("AGOQ_CUDA_NORM_PREFETCH", raising=False)
+    assert {f for f in ("int4", "nf4", "fp4_e2m1", "mxfp4", "int8") if norm_prefetch(get_format(f), gpu)} \
+        == set(NORM_PREFETCH) == {"int4", "mxfp4"}
+    assert not norm_prefetch(get_format("int4"), cpu)
+    monkeypatch.setenv("AGOQ_CUDA_NORM_PREFETCH", "1")
+    assert norm_prefetch(get_format("nf4"), gpu) and not norm_prefetch(get_format("nf4"), cpu)
+    monkeypatch.setenv("AGOQ_CUDA_NORM_PREFETCH", "0")
+    assert not norm_prefetch(get_format("int4"), gpu)
+    monkeypatch.setenv("AGOQ_CUDA_NORM_PREFETCH", "maybe")
+    with pytest.raises(ValueError, match="AGOQ_CUDA_NORM_PREFETCH"):
+        norm_prefetch(get_format("int4"), gpu)
