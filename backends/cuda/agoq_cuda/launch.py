@@ -204,9 +204,11 @@ reduce_requantize = LAUNCHER.reduce_requantize
 #: registers and 10% slower on an H100; capped at 64 it ran 120.1-120.6 us against 134.6 uncapped (16384 x 4096,
 #: H100, same call; the pre-encoder kernel 122.0), back at 1.30x the compiled norm + codec pair (docs/bench/codecs.md).
 #: Timed and left uncapped: rmsnorm_quant mxfp4 generic (72 registers; capped 127.0-127.5 us against 128.4: the
-#: regression there is not the registers). Fit 64 without a spill, not adopted: rmsnorm_quant int6 generic (78;
-#: 1.110 ms capped against 1.100) and silu_mul_backward nf4 16-lane (72, LAAQ's default; 0.59 / 0.41 ms capped against
-#: 0.47 / 0.39), each from one H100 run of bench_maxnreg.py whose timings then included the host's launch cost (an
+#: regression there is not the registers; Nsight Compute, twelfth session: 4 programs per SM capped, 3 uncapped, the
+#: same 120.3 / 120.6 us). Since then the fused norm of int4 / nf4 / fp4_e2m1 / mxfp4 prefetches (NORM_PREFETCH), and
+#: a prefetching launch takes no cap: fp4's cap applies with AGOQ_CUDA_NORM_PREFETCH=0. Fit 64 without a spill, not
+#: adopted: rmsnorm_quant int6 generic (78; 1.110 ms capped against 1.100) and silu_mul_backward nf4 16-lane (72,
+#: LAAQ's default; 0.59 / 0.41 ms capped against 0.47 / 0.39), each from one H100 run of bench_maxnreg.py whose timings then included the host's launch cost (an
 #: unchanged kernel moved 0.21 -> 0.96 ms in the same run: noisy, so "not faster", not "slower"). Spill when
 #: capped: rmsnorm_quant nf4 generic (98), nvfp4 (76-80), silu_mul_quant on the generic tile (72-96) and mxfp4's
 #: 16-lane tile (79). AGOQ_CUDA_MAXNREG (parse_maxnreg) overrides the table.
@@ -216,12 +218,15 @@ MAXNREG: dict[tuple[str, str, bool], int] = {
 
 
 #: Formats whose fused RMSNorm + quantize loads each program's next token row before working on the current one
-#: (fused_norm's ``prefetch``: two rows in flight per program, +8 registers). 16384 x 4096 bf16 on an H100,
-#: 2026-12-06 (docs/bench/codecs.md, twelfth session; default geometry, 8 warps, 1056 programs): mxfp4 128.2 ->
-#: 115.0 us (Nsight Compute: 120.6 -> 109.0 us, DRAM 72% -> 79% of peak), int4 115.4 -> 111.7 us. Not listed:
-#: fp4_e2m1 (121 either way, capped), nf4 (123.9 / 123.7 us in Nsight Compute). AGOQ_CUDA_NORM_PREFETCH=0 / 1
-#: turns it off / on for every format (timing); ``auto`` or unset: this set.
-NORM_PREFETCH: frozenset[str] = frozenset({"int4", "mxfp4"})
+#: (fused_norm's ``prefetch``: two rows in flight per program, +8 registers, no register cap). 16384 x 4096 bf16
+#: on an H100, 2026-12-06 (docs/bench/codecs.md, twelfth session; default geometry, 8 warps, 1056 programs):
+#: mxfp4 128.2 -> 115.0 us (Nsight Compute: 120.6 -> 109.0 us, DRAM 72% -> 79% of peak; bench_codecs' row 127.0 ->
+#: 115.2 us, 1.25x -> 1.37x the compiled pair), int4 115.4 -> 111.7 (bench_codecs 115.0 -> 112.2), fp4_e2m1 capped
+#: 120.6 -> 114.9 uncapped with the prefetch; nf4 123.9 -> 123.7 us in Nsight Compute and 185.7 -> 134.8 us when
+#: timed right after the compiled norm + codec pair (sweep_norm_geometry; the slow nf4 reading is not explained).
+#: Other formats: not timed, off. AGOQ_CUDA_NORM_PREFETCH=0 / 1 turns it off / on for every format; ``auto`` or
+#: unset: this set.
+NORM_PREFETCH: frozenset[str] = frozenset({"int4", "nf4", "fp4_e2m1", "mxfp4"})
 
 
 def norm_prefetch(spec, device) -> bool:

@@ -46,8 +46,8 @@ from agoq_cuda import codec_isa
 from agoq_cuda.launch import MAXNREG
 out = []
 for (op, fmt, vec16), cap in sorted(MAXNREG.items()):
-    for m in (cap, 0):  # as launched, then uncapped
-        r = codec_isa.compile_fused(op, fmt, vec16, maxnreg=m)
+    for m in (cap, 0):  # as launched without the prefetch (a prefetching launch takes no cap), then uncapped
+        r = codec_isa.compile_fused(op, fmt, vec16, maxnreg=m, prefetch=False)
         out.append({"op": op, "fmt": fmt, "vec16": vec16, "cap": m, "registers": r["registers"],
                     "spills": r.get("local_memory_ops")})
 json.dump(out, sys.stdout)

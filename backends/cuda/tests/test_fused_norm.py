@@ -211,10 +211,10 @@ def test_norm_prefetch_defaults(monkeypatch):
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
     monkeypatch.delenv("AGOQ_CUDA_NORM_PREFETCH", raising=False)
     assert {f for f in ("int4", "nf4", "fp4_e2m1", "mxfp4", "int8") if norm_prefetch(get_format(f), gpu)} \
-        == set(NORM_PREFETCH) == {"int4", "mxfp4"}
+        == set(NORM_PREFETCH) == {"int4", "nf4", "fp4_e2m1", "mxfp4"}
     assert not norm_prefetch(get_format("int4"), cpu)
     monkeypatch.setenv("AGOQ_CUDA_NORM_PREFETCH", "1")
-    assert norm_prefetch(get_format("nf4"), gpu) and not norm_prefetch(get_format("nf4"), cpu)
+    assert norm_prefetch(get_format("int8"), gpu) and not norm_prefetch(get_format("int8"), cpu)
     monkeypatch.setenv("AGOQ_CUDA_NORM_PREFETCH", "0")
     assert not norm_prefetch(get_format("int4"), gpu)
     monkeypatch.setenv("AGOQ_CUDA_NORM_PREFETCH", "maybe")
