@@ -223,7 +223,7 @@ def projection(plots: bool) -> None:
             ax.grid(alpha=0.3)
         axes.flat[0].legend(fontsize=7, ncol=2)
         fig.suptitle("PREDICTED QuanGrad speedup over NCCL fp32 all-reduce (alpha-beta model; H200 codec rates "
-                     "measured 2026-11-29)", fontsize=10)
+                     "measured 2026-12-02)", fontsize=10)
         fig.tight_layout()
         fig.savefig(IMG / "scale_quangrad_projection.png", dpi=110)
         plt.close(fig)
