@@ -3,7 +3,8 @@
 #   bash benchmarks/gpu_session.sh STAGE[:SECONDS] ...
 # Stages: conformance, laaq, quangrad, laaq-fusion, fusion, codecs, torchtitan, equal-memory, equal-memory-m,
 # layer-profile-64k, layer-profile-qc32k, policy-80, longest, laaq-16k, layer-profile-fp8, float8-m, float8-80, float8-ce, liger, layer-profile-fp8-64k, float8-80-64k, float8-64k, cells, integrations, grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host,
-# dequant-tiles, norm-fusion, train-split-c, train-profile, train-profile-c, layer-host, train-alone, ab-codecs, maxnreg, layer-profile, ncu-norm. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
+# dequant-tiles, norm-fusion, train-split-c, train-profile, train-profile-c, layer-host, train-alone, ab-codecs, maxnreg, layer-profile, ncu-norm,
+# nf4-order. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
 set -u
 source "$(dirname "$0")/gpu_env.sh"
 OUT=${OUT:-/tmp/agoq-out}; mkdir -p "$OUT"
@@ -114,7 +115,7 @@ for spec in "$@"; do
     grad-error)  cmd=(python3 benchmarks/bench_grad_error.py --budget-s $((secs - 40))) ;;  # LAAQ gradient error, 7B shapes
     mx-probe)    cmd=(python3 benchmarks/gpu_mx_reduce_probe.py) ;;
     # the GPU-only arithmetic (hardware fp8, flush-to-zero ops, the FMA quotient) checked bit for bit on the device
-    kernel-tests) cmd=(python3 -m pytest -q -n 16 -p no:cacheprovider backends/cuda/tests/test_kernels_bitexact.py backends/cuda/tests/test_vec16.py backends/cuda/tests/test_mx_kernels.py backends/cuda/tests/test_fast_launch.py backends/cuda/tests/test_vec16_choice.py) ;;
+    kernel-tests) cmd=(python3 -m pytest -q -n 16 -p no:cacheprovider backends/cuda/tests/test_kernels_bitexact.py backends/cuda/tests/test_vec16.py backends/cuda/tests/test_mx_kernels.py backends/cuda/tests/test_fast_launch.py backends/cuda/tests/test_vec16_choice.py backends/cuda/tests/test_fused_norm.py) ;;
     fusion-elementwise) cmd=(bash -c 'python3 benchmarks/bench_fusion_elementwise.py && python3 -m pytest -q -p no:cacheprovider conformance_tests -k fused_elementwise --agoq-backend cuda | tail -3') ;;
     # agoq train on llama-1b, 2K x 4, 40 steps: baseline vs agoq vs each half (docs/benchmarks.md §9); AGOQ_FUSION from the caller
     # the same, every arm's decoder layers compiled with Inductor (agoq train --compile; issue 17's end-to-end goal)
@@ -147,6 +148,12 @@ for spec in "$@"; do
                        --section WarpStateStats --section Occupancy --section InstructionStats \
                        python3 $OLDPWD/benchmarks/run_fused_norm.py --format $f) > "$OUT/ncu_${tree}_$f.txt" 2>&1
                      grep -E "Duration|Issue Slots Busy|Executed Ipc A|Pipe|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued" "$OUT/ncu_${tree}_$f.txt" | head -40
+                   done; done') ;;
+    # the nf4 fused norm's slow reading (185 us in sweep_norm_geometry against 124-128 elsewhere, 2026-12-06): the same
+    # kernel timed with x = 2 N(0,1) and N(0,1), the compiled pair timed before and after it, prefetch off and on (~2 min)
+    nf4-order) cmd=(bash -c 'for xs in 2 1; do for pa in "" --pair-after; do echo "== x-scale $xs ${pa:-pair first}"
+                   python3 benchmarks/sweep_norm_geometry.py --formats nf4 --tiles generic --prefetch 0 1 --warps 8 \
+                     --programs-per-sm 8 --x-scale $xs $pa --json "$OUT/nf4_order_${xs}${pa:+_after}.json" 2>&1 | grep -E "^nf4"
                    done; done') ;;
     # the fused kernels' register caps timed: AGOQ_CUDA_MAXNREG auto / off / candidates, interleaved, same bits (~60 s)
     maxnreg) cmd=(python3 benchmarks/bench_maxnreg.py --json "$OUT/bench_maxnreg.json") ;;
