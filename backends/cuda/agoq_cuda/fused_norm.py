@@ -22,7 +22,8 @@ import triton
 import triton.language as tl
 
 from agoq_cuda.fused_swiglu import _round  # RNE to the activation dtype, in registers
-from agoq_cuda.launch import LAUNCHER, fused_maxnreg, fused_vec16, norm_prefetch  # the plugin's geometry decides HW and the tile
+# the plugin's geometry decides HW, the tile, the register caps and the prefetch
+from agoq_cuda.launch import LAUNCHER, fused_maxnreg, fused_vec16, norm_prefetch
 from agoq_triton_kernels.buffers import check_codec_buffers, float_view
 from agoq_triton_kernels.codes import bf16_bits_to_f32
 from agoq_triton_kernels.kernels import (_load_f32, _quantize16, _store_codes16, _store_f32, _tile16, quantize_tile,
@@ -204,7 +205,7 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
                        codes: torch.Tensor, scales: torch.Tensor, *, variant: str | None = None,
                        rinv: torch.Tensor | None = None, hw: bool | None = None, programs: int | None = None,
                        vec16: bool | None = None, warps: int | None = None, prefetch: bool | None = None,
-                       stream: bool | None = None) -> None:
+                       stream: bool = False) -> None:
     """y = RMSNorm(x) * weight (x.dtype), (codes, scales) = Q_spec(x flattened), in one pass over x.
     ``variant``: how y's sum of squares and rsqrt are computed (VARIANTS; default: the first of
     rmsnorm_quant_variants). ``rinv``: if given, a float32 [rows] tensor that receives each row's inverse
@@ -215,7 +216,7 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
     ``programs`` / ``warps``: tuning overrides of the persistent grid and the warps per program (GPU).
     ``prefetch``: on the generic tile, load each program's next row before working on this one (None: the
     formats of agoq_cuda.launch.NORM_PREFETCH on a GPU, AGOQ_CUDA_NORM_PREFETCH overrides; a prefetching launch
-    takes no register cap). ``stream``: x's loads carry the evict-first hint (None: off; being timed). Same bits
+    takes no register cap). ``stream``: x's loads carry the evict-first hint (timed: no gain, so off). Same bits
     either way."""
     why = rmsnorm_quant_unsupported(x, weight, spec)
     if why:
