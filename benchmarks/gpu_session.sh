@@ -4,7 +4,7 @@
 # Stages: conformance, laaq, quangrad, laaq-fusion, fusion, codecs, torchtitan, equal-memory, equal-memory-m,
 # layer-profile-64k, layer-profile-qc32k, policy-80, longest, laaq-16k, layer-profile-fp8, float8-m, float8-80, float8-ce, liger, layer-profile-fp8-64k, float8-80-64k, float8-64k, cells, integrations, grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host,
 # dequant-tiles, norm-fusion, train-split-c, train-profile, train-profile-c, layer-host, train-alone, ab-codecs, maxnreg, layer-profile, ncu-norm,
-# nf4-order. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
+# norm-prefetch16. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
 set -u
 source "$(dirname "$0")/gpu_env.sh"
 OUT=${OUT:-/tmp/agoq-out}; mkdir -p "$OUT"
@@ -149,12 +149,10 @@ for spec in "$@"; do
                        python3 $OLDPWD/benchmarks/run_fused_norm.py --format $f) > "$OUT/ncu_${tree}_$f.txt" 2>&1
                      grep -E "Duration|Issue Slots Busy|Executed Ipc A|Pipe|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued" "$OUT/ncu_${tree}_$f.txt" | head -40
                    done; done') ;;
-    # the nf4 fused norm's slow reading (185 us in sweep_norm_geometry against 124-128 elsewhere, 2026-12-06): the same
-    # kernel timed with x = 2 N(0,1) and N(0,1), the compiled pair timed before and after it, prefetch off and on (~2 min)
-    nf4-order) cmd=(bash -c 'for xs in 2 1; do for pa in "" --pair-after; do echo "== x-scale $xs ${pa:-pair first}"
-                   python3 benchmarks/sweep_norm_geometry.py --formats nf4 --tiles generic --prefetch 0 1 --warps 8 \
-                     --programs-per-sm 8 --x-scale $xs $pa --json "$OUT/nf4_order_${xs}${pa:+_after}.json" 2>&1 | grep -E "^nf4"
-                   done; done') ;;
+    # the fused norm's next-row prefetch on the 16-lane tile (nf4's default tile; NORM_PREFETCH[True] is empty until
+    # this is timed), against no prefetch, default geometry, the 4-bit formats (~1 min)
+    norm-prefetch16) cmd=(python3 benchmarks/sweep_norm_geometry.py --formats nf4 int4 fp4_e2m1 mxfp4 --tiles vec16 generic \
+                          --prefetch 0 1 --warps 8 --programs-per-sm 8 --json "$OUT/sweep_norm_prefetch16.json") ;;
     # the fused kernels' register caps timed: AGOQ_CUDA_MAXNREG auto / off / candidates, interleaved, same bits (~60 s)
     maxnreg) cmd=(python3 benchmarks/bench_maxnreg.py --json "$OUT/bench_maxnreg.json") ;;
     *) echo "unknown stage $stage"; continue ;;

@@ -131,8 +131,8 @@ def compile_fused(op: str, fmt: str, vec16: bool, arch: int = 90, hidden: int = 
     launched on an H200 (bf16; SiLU&Mul: variants ``libdevice`` / ``table_fma``, the codec geometry's rows and
     warps; RMSNorm: variant ``tree``, one ``hidden``-element token row per loop iteration), and count its SASS.
     ``maxnreg``: None compiles with the register cap the launch uses (agoq_cuda.launch.MAXNREG), 0 without a cap,
-    N with a cap of N. ``prefetch``: the RMSNorm's next-row prefetch on the generic tile (None: as launched,
-    agoq_cuda.launch.NORM_PREFETCH; a prefetching launch takes no cap)."""
+    N with a cap of N. ``prefetch``: the RMSNorm's next-row prefetch (None: as launched,
+    agoq_cuda.launch.NORM_PREFETCH for the tile; a prefetching launch takes no cap)."""
     import torch
 
     from agoq_core.formats.spec import get_format
@@ -149,9 +149,9 @@ def compile_fused(op: str, fmt: str, vec16: bool, arch: int = 90, hidden: int = 
     if op == "rmsnorm_quant":
         fn, warps, elems = fused_norm._rmsnorm_quant_kernel, 8 if hidden <= 8192 else 16, hidden
         order, rsq = fused_norm.VARIANTS["tree"]
-        pf = fmt in NORM_PREFETCH if prefetch is None else bool(prefetch)
+        pf = fmt in NORM_PREFETCH[bool(c["VEC16"])] if prefetch is None else bool(prefetch)
         c.update(H=hidden, NBR=hidden // spec.block, ORDER=order, RSQRT=rsq, LANES=32, LOG_LANES=5, WRITE_R=0,
-                 r_ptr=None, PREFETCH=pf and not c["VEC16"])
+                 r_ptr=None, PREFETCH=pf)
         sig = {"x_ptr": p16, "w_ptr": p16, "y_ptr": p16, "codes_ptr": i8, "scales_ptr": p32, "M": "i32",
                "eps": "fp32", "ts_ptr": p32 if spec.tensor_scaled else "constexpr",
                "elut_ptr": "*i64" if lut else "constexpr"}

@@ -124,13 +124,25 @@ def _rmsnorm_quant_kernel(x_ptr, w_ptr, y_ptr, codes_ptr, scales_ptr, M, eps, ts
         col = j[:, None] * BLOCK + lanes[None, :]
         w = _load_f32(w_ptr, col, col < H, FLOAT)
     t = tl.program_id(0)
-    if PREFETCH:  # generic tile only: this program's first row, loaded before the loop
-        xr = _load_raw(x_ptr, (t * NBR + j)[:, None] * BLOCK + lanes[None, :], (col < H) & (t < M), FLOAT, STREAM)
+    if PREFETCH:  # this program's first row, loaded before the loop
+        if VEC16:
+            _, _, off0, m0 = _tile16(t, M * NBR, NBR, BLOCK)
+            xra = _load_raw(x_ptr, off0, m0, FLOAT, STREAM)
+            xrb = _load_raw(x_ptr, off0 + 8, m0, FLOAT, STREAM)
+        else:
+            xr = _load_raw(x_ptr, (t * NBR + j)[:, None] * BLOCK + lanes[None, :], (col < H) & (t < M), FLOAT, STREAM)
     while t < M:
         if VEC16:
             rows, ok, off, m = _tile16(t, M * NBR, NBR, BLOCK)  # the NBR blocks of token row t
-            xa = _load_f32(x_ptr, off, m, FLOAT)
-            xb = _load_f32(x_ptr, off + 8, m, FLOAT)
+            if PREFETCH:  # as on the generic tile: the next row's halves are loaded before this row's work
+                xa = _widen(xra, FLOAT)
+                xb = _widen(xrb, FLOAT)
+                _, _, offn, mn = _tile16(t + tl.num_programs(0), M * NBR, NBR, BLOCK)
+                xra = _load_raw(x_ptr, offn, mn, FLOAT, STREAM)
+                xrb = _load_raw(x_ptr, offn + 8, mn, FLOAT, STREAM)
+            else:
+                xa = _widen(_load_raw(x_ptr, off, m, FLOAT, STREAM), FLOAT)
+                xb = _widen(_load_raw(x_ptr, off + 8, m, FLOAT, STREAM), FLOAT)
             ca, cb, scale = _quantize16(xa, xb, elut_ptr, NBR, KIND, BITS, QMAX, BLOCK, NF4_LUT, HW, SCALE, ts_ptr)
             _store_codes16(codes_ptr, ca, cb, rows, ok, ~(scale > 0.0), NBR, KIND, BITS, BLOCK)
             if ORDER == 1:
@@ -214,9 +226,9 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
     ``rmsnorm_quant``, not yet timed on a GPU). Same codes, and the same ``y`` for the torch-order variants; ``tree``
     sums in the tile's order, so its ``y`` may differ from the generic tile's where the sum rounds differently.
     ``programs`` / ``warps``: tuning overrides of the persistent grid and the warps per program (GPU).
-    ``prefetch``: on the generic tile, load each program's next row before working on this one (None: the
-    formats of agoq_cuda.launch.NORM_PREFETCH on a GPU, AGOQ_CUDA_NORM_PREFETCH overrides; a prefetching launch
-    takes no register cap). ``stream``: x's loads carry the evict-first hint (timed: no gain, so off). Same bits
+    ``prefetch``: load each program's next row before working on this one (None: the formats of
+    agoq_cuda.launch.NORM_PREFETCH for the tile in use, on a GPU; AGOQ_CUDA_NORM_PREFETCH overrides; a prefetching
+    launch takes no register cap). ``stream``: x's loads carry the evict-first hint (timed: no gain, so off). Same bits
     either way."""
     why = rmsnorm_quant_unsupported(x, weight, spec)
     if why:
@@ -248,7 +260,7 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
     nprog = programs or (2 if x.device.type == "cpu" else min(m, 132 * 8))
     warps = warps or (4 if h <= 2048 else 8 if h <= 8192 else 16)
     tile = fused_vec16("rmsnorm_quant", spec, (codes,), writes=True, vec16=vec16)
-    pf = not tile and (norm_prefetch(spec, x.device) if prefetch is None else bool(prefetch))
+    pf = norm_prefetch(spec, x.device, bool(tile)) if prefetch is None else bool(prefetch)
     extra = {} if x.device.type == "cpu" else {"num_warps": warps}
     if not pf:  # the caps were timed without the prefetch; with it fp4's cap spills (codec_isa)
         extra.update(fused_maxnreg("rmsnorm_quant", spec, tile, x.device))

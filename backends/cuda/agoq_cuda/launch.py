@@ -205,8 +205,8 @@ reduce_requantize = LAUNCHER.reduce_requantize
 #: H100, same call; the pre-encoder kernel 122.0), back at 1.30x the compiled norm + codec pair (docs/bench/codecs.md).
 #: Timed and left uncapped: rmsnorm_quant mxfp4 generic (72 registers; capped 127.0-127.5 us against 128.4: the
 #: regression there is not the registers; Nsight Compute, twelfth session: 4 programs per SM capped, 3 uncapped, the
-#: same 120.3 / 120.6 us). Since then the fused norm of int4 / nf4 / fp4_e2m1 / mxfp4 prefetches (NORM_PREFETCH), and
-#: a prefetching launch takes no cap: fp4's cap applies with AGOQ_CUDA_NORM_PREFETCH=0. Fit 64 without a spill, not
+#: same 120.3 / 120.6 us). Since then the fused norm of int4 / nf4 / fp4_e2m1 / mxfp4 prefetches on the generic tile
+#: (NORM_PREFETCH), and a prefetching launch takes no cap: fp4's cap applies with AGOQ_CUDA_NORM_PREFETCH=0. Fit 64 without a spill, not
 #: adopted: rmsnorm_quant int6 generic (78; 1.110 ms capped against 1.100) and silu_mul_backward nf4 16-lane (72,
 #: LAAQ's default; 0.59 / 0.41 ms capped against 0.47 / 0.39), each from one H100 run of bench_maxnreg.py whose timings then included the host's launch cost (an
 #: unchanged kernel moved 0.21 -> 0.96 ms in the same run: noisy, so "not faster", not "slower"). Spill when
@@ -218,24 +218,28 @@ MAXNREG: dict[tuple[str, str, bool], int] = {
 
 
 #: Formats whose fused RMSNorm + quantize loads each program's next token row before working on the current one
-#: (fused_norm's ``prefetch``: two rows in flight per program, +8 registers, no register cap). 16384 x 4096 bf16
-#: on an H100, 2026-12-06 (docs/bench/codecs.md, twelfth session; default geometry, 8 warps, 1056 programs):
-#: mxfp4 128.2 -> 115.0 us (Nsight Compute: 120.6 -> 109.0 us, DRAM 72% -> 79% of peak; bench_codecs' row 127.0 ->
-#: 115.2 us, 1.25x -> 1.37x the compiled pair), int4 115.4 -> 111.7 (bench_codecs 115.0 -> 112.2), fp4_e2m1 capped
-#: 120.6 -> 114.9 uncapped with the prefetch; nf4 123.9 -> 123.7 us in Nsight Compute and 185.7 -> 134.8 us when
-#: timed right after the compiled norm + codec pair (sweep_norm_geometry; the slow nf4 reading is not explained).
-#: Other formats: not timed, off. AGOQ_CUDA_NORM_PREFETCH=0 / 1 turns it off / on for every format; ``auto`` or
-#: unset: this set.
-NORM_PREFETCH: frozenset[str] = frozenset({"int4", "nf4", "fp4_e2m1", "mxfp4"})
+#: (fused_norm's ``prefetch``: two rows in flight per program, +8 registers, no register cap), per tile (False: the
+#: generic tile, True: the 16-lane one, fused_vec16). 16384 x 4096 bf16 on an H100, 2026-12-06 (docs/bench/codecs.md,
+#: twelfth session; default geometry, 8 warps, 1056 programs), generic tile: mxfp4 128.2 -> 115.0 us (Nsight
+#: Compute: 120.6 -> 109.0 us, DRAM 72% -> 79% of peak; bench_codecs' row 127.0 -> 115.2 us, 1.25x -> 1.37x the
+#: compiled pair), int4 115.4 -> 111.7 (bench_codecs 115.0 -> 112.2), fp4_e2m1 capped 120.6 -> 114.9 uncapped with
+#: the prefetch, nf4 185.7 -> 134.8. nf4 runs on the 16-lane tile by default (VEC16_DEFAULTS; 128 us, 1.25x), where
+#: the prefetch is built and tested in the interpreter but not yet timed: off there. AGOQ_CUDA_NORM_PREFETCH=0 / 1
+#: turns it off / on for every format and tile; ``auto`` or unset: this table.
+NORM_PREFETCH: dict[bool, frozenset[str]] = {
+    False: frozenset({"int4", "nf4", "fp4_e2m1", "mxfp4"}),
+    True: frozenset(),
+}
 
 
-def norm_prefetch(spec, device) -> bool:
-    """Whether the fused norm prefetches for ``spec`` on ``device`` by default (never in the interpreter)."""
+def norm_prefetch(spec, device, vec16: bool = False) -> bool:
+    """Whether the fused norm prefetches for ``spec`` on ``device`` by default on the generic tile or (``vec16``)
+    the 16-lane one; never in the interpreter, whose default is the plain loop."""
     if device.type == "cpu":
         return False
     v = os.environ.get("AGOQ_CUDA_NORM_PREFETCH", "").strip().lower()
     if v in ("", "auto"):
-        return spec.name in NORM_PREFETCH
+        return spec.name in NORM_PREFETCH[bool(vec16)]
     return _flag("AGOQ_CUDA_NORM_PREFETCH", False)
 
 

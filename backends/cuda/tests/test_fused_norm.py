@@ -47,7 +47,8 @@ def test_rmsnorm_quant_matches_unfused(fmt, dtype, vec16, device):
 @pytest.mark.parametrize("fmt", ["int4", "nf4", "mxfp4"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
 @pytest.mark.parametrize("programs", [1, 2, 3])
-def test_prefetch_changes_no_bit(fmt, dtype, programs, device):
+@pytest.mark.parametrize("vec16", [False, True], ids=["generic", "vec16"])
+def test_prefetch_changes_no_bit(fmt, dtype, programs, vec16, device):
     """prefetch=True (the next row loaded before this one's work) and stream=True (the evict-first hint on x)
     against the reference and the plain path, every output; 7 rows over 1-3 persistent programs so programs see a
     last row, a masked-off next row and uneven shares."""
@@ -63,7 +64,7 @@ def test_prefetch_changes_no_bit(fmt, dtype, programs, device):
         codes = torch.full((spec.code_bytes(x.numel()),), 0xA5, dtype=torch.uint8, device=device)
         scales = torch.full((spec.num_blocks(x.numel()),), -7.0, device=device)
         rinv = torch.full((7,), -1.0, device=device)
-        rmsnorm_quant_into(x.to(device), w.to(device), 1e-5, spec, y, codes, scales, vec16=False, rinv=rinv,
+        rmsnorm_quant_into(x.to(device), w.to(device), 1e-5, spec, y, codes, scales, vec16=vec16, rinv=rinv,
                            programs=programs, prefetch=prefetch, stream=stream)
         outs.append((y.cpu(), codes.cpu(), scales.cpu(), rinv.cpu()))
     want_c, want_s = ref.quantize_blocks(x, spec)
@@ -196,25 +197,26 @@ def test_sweep_norm_geometry_smoke(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     got = {(x["tile"], x["prefetch"], x["maxnreg"]) for x in rows}
     assert {x["stream"] for x in rows} == {0, 1}
-    assert got == {("generic", 0, "auto"), ("generic", 1, "auto"), ("generic", 0, "rmsnorm_quant:mxfp4=64"),
-                   ("generic", 1, "rmsnorm_quant:mxfp4=64"), ("vec16", 0, "auto"),
-                   ("vec16", 0, "rmsnorm_quant:mxfp4=64")}
+    assert got == {(t, p, c) for t in ("generic", "vec16") for p in (0, 1) for c in ("auto", "rmsnorm_quant:mxfp4=64")}
     assert all(x["same_bits"] for x in rows)
     assert "AGOQ_CUDA_MAXNREG" not in os.environ
 
 
 def test_norm_prefetch_defaults(monkeypatch):
-    """The prefetch default: the NORM_PREFETCH formats on a GPU, never in the interpreter; AGOQ_CUDA_NORM_PREFETCH
-    overrides it, and a value it cannot read is an error, not a silent default."""
+    """The prefetch default: the NORM_PREFETCH formats of the tile on a GPU, never in the interpreter;
+    AGOQ_CUDA_NORM_PREFETCH overrides it, and a value it cannot read is an error, not a silent default."""
     from agoq_cuda.launch import NORM_PREFETCH, norm_prefetch
 
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
     monkeypatch.delenv("AGOQ_CUDA_NORM_PREFETCH", raising=False)
-    assert {f for f in ("int4", "nf4", "fp4_e2m1", "mxfp4", "int8") if norm_prefetch(get_format(f), gpu)} \
-        == set(NORM_PREFETCH) == {"int4", "nf4", "fp4_e2m1", "mxfp4"}
+    fmts = ("int4", "nf4", "fp4_e2m1", "mxfp4", "int8")
+    assert {f for f in fmts if norm_prefetch(get_format(f), gpu)} == set(NORM_PREFETCH[False]) \
+        == {"int4", "nf4", "fp4_e2m1", "mxfp4"}
+    assert {f for f in fmts if norm_prefetch(get_format(f), gpu, vec16=True)} == set(NORM_PREFETCH[True]) == set()
     assert not norm_prefetch(get_format("int4"), cpu)
     monkeypatch.setenv("AGOQ_CUDA_NORM_PREFETCH", "1")
-    assert norm_prefetch(get_format("int8"), gpu) and not norm_prefetch(get_format("int8"), cpu)
+    assert norm_prefetch(get_format("int8"), gpu) and norm_prefetch(get_format("nf4"), gpu, vec16=True)
+    assert not norm_prefetch(get_format("int8"), cpu)
     monkeypatch.setenv("AGOQ_CUDA_NORM_PREFETCH", "0")
     assert not norm_prefetch(get_format("int4"), gpu)
     monkeypatch.setenv("AGOQ_CUDA_NORM_PREFETCH", "maybe")
