@@ -26,8 +26,6 @@ def main(argv=None) -> dict:
     ap.add_argument("--tiles", nargs="+", choices=["generic", "vec16"], default=["generic", "vec16"])
     ap.add_argument("--prefetch", type=int, nargs="+", choices=[0, 1], default=[0],
                     help="1: each program loads its next row before this row's work (fused_norm's prefetch)")
-    ap.add_argument("--stream", type=int, nargs="+", choices=[0, 1], default=[0],
-                    help="1: x's loads with the evict-first hint (fused_norm's stream)")
     ap.add_argument("--maxnreg", nargs="+", default=["auto"],
                     help="AGOQ_CUDA_MAXNREG settings to run under (agoq_cuda.launch.parse_maxnreg)")
     harness.add_json_arg(ap, "sweep_norm_geometry")
@@ -73,24 +71,23 @@ def main(argv=None) -> dict:
 
         pair_ms = report["pair_ms"][fmt] = timed(pair)
         refs = {}  # y per tile and warps: "tree" sums y's squares in the layout's order, so y may differ across them
-        combos = [(vec16, pf, st, cap, wp, pps) for vec16 in [t == "vec16" for t in args.tiles]
-                  for pf in args.prefetch for st in args.stream for cap in args.maxnreg
-                  for wp in warps for pps in args.programs_per_sm]
-        for vec16, pf, st, cap, wp, pps in combos:
+        combos = [(vec16, pf, cap, wp, pps) for vec16 in [t == "vec16" for t in args.tiles]
+                  for pf in args.prefetch for cap in args.maxnreg for wp in warps for pps in args.programs_per_sm]
+        for vec16, pf, cap, wp, pps in combos:
             progs = m if pps == 0 else min(m, pps * sms)
             y = torch.empty_like(x)
             os.environ["AGOQ_CUDA_MAXNREG"] = cap  # read per launch (agoq_cuda.launch.fused_maxnreg)
             ms = timed(lambda: rmsnorm_quant_into(x, w, 1e-5, spec, y, codes, scales, programs=progs,
-                                                  vec16=vec16, warps=wp, prefetch=bool(pf), stream=bool(st)))
+                                                  vec16=vec16, warps=wp, prefetch=bool(pf)))
             got = (codes.clone(), scales.clone(), y.clone())
             ref = refs.setdefault((vec16, wp), got)  # codes and scales: every combination alike
             same = all(torch.equal(a, b) for a, b in zip(got, ref)) and all(
                 torch.equal(a, b) for a, b in zip(got[:2], next(iter(refs.values()))[:2]))
-            row = {"format": fmt, "tile": "vec16" if vec16 else "generic", "prefetch": pf, "stream": st, "maxnreg": cap,
+            row = {"format": fmt, "tile": "vec16" if vec16 else "generic", "prefetch": pf, "maxnreg": cap,
                    "warps": wp, "programs": progs, "us": ms * 1e3,
                    "x_vs_compiled_pair": pair_ms / ms if ms else None, "same_bits": same}
             report["rows"].append(row)
-            print(f"{fmt:9s} {row['tile']:7s} prefetch {pf} stream {st} maxnreg {cap:8s} warps {wp} programs {progs:6d}: "
+            print(f"{fmt:9s} {row['tile']:7s} prefetch {pf} maxnreg {cap:8s} warps {wp} programs {progs:6d}: "
                   f"{ms * 1e3:7.1f} us"
                   + (f"  x{pair_ms / ms:.2f} vs compiled pair ({pair_ms * 1e3:.1f} us)" if ms else "")
                   + ("" if same else "  BITS DIFFER"), flush=True)

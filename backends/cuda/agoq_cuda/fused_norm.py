@@ -75,19 +75,13 @@ def _row_sum_squares(x_ptr, x, base, H: tl.constexpr, FLOAT: tl.constexpr, ORDER
 
 
 @triton.jit
-def _load_raw(ptr, offs, mask, FLOAT: tl.constexpr, STREAM: tl.constexpr = False):
+def _load_raw(ptr, offs, mask, FLOAT: tl.constexpr):
     """The 16/32-bit values as stored (bf16 as its int16 view): half the registers of _load_f32's fp32 while a
-    prefetched row waits (PREFETCH). STREAM: the evict-first hint (x is read once; the NF4 table stays cached)."""
-    if STREAM:
-        if FLOAT == 1:
-            return tl.load(ptr + offs, mask=mask, other=0, eviction_policy="evict_first")
-        else:
-            return tl.load(ptr + offs, mask=mask, other=0.0, eviction_policy="evict_first")
+    prefetched row waits (PREFETCH). (An evict-first hint on these loads was timed on an H100, 2026-12-06: no gain.)"""
+    if FLOAT == 1:
+        return tl.load(ptr + offs, mask=mask, other=0)
     else:
-        if FLOAT == 1:
-            return tl.load(ptr + offs, mask=mask, other=0)
-        else:
-            return tl.load(ptr + offs, mask=mask, other=0.0)
+        return tl.load(ptr + offs, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -112,8 +106,7 @@ def _rmsnorm_quant_kernel(x_ptr, w_ptr, y_ptr, codes_ptr, scales_ptr, M, eps, ts
                           FLOAT: tl.constexpr, SCALE: tl.constexpr = 0, ORDER: tl.constexpr = 0,
                           RSQRT: tl.constexpr = 0, LANES: tl.constexpr = 32, LOG_LANES: tl.constexpr = 5,
                           WRITE_R: tl.constexpr = 0, elut_ptr=None, NF4_LUT: tl.constexpr = False,
-                          VEC16: tl.constexpr = False, PREFETCH: tl.constexpr = False,
-                          STREAM: tl.constexpr = False):
+                          VEC16: tl.constexpr = False, PREFETCH: tl.constexpr = False):
     j = tl.arange(0, NBR)
     if VEC16:  # the codec kernels' 16-lane tile: [BLOCK // 16, NBR, 8] halves of each 16-element group
         _, _, wcol, _ = _tile16(0, NBR, NBR, BLOCK)
@@ -127,10 +120,10 @@ def _rmsnorm_quant_kernel(x_ptr, w_ptr, y_ptr, codes_ptr, scales_ptr, M, eps, ts
     if PREFETCH:  # this program's first row, loaded before the loop
         if VEC16:
             _, _, off0, m0 = _tile16(t, M * NBR, NBR, BLOCK)
-            xra = _load_raw(x_ptr, off0, m0, FLOAT, STREAM)
-            xrb = _load_raw(x_ptr, off0 + 8, m0, FLOAT, STREAM)
+            xra = _load_raw(x_ptr, off0, m0, FLOAT)
+            xrb = _load_raw(x_ptr, off0 + 8, m0, FLOAT)
         else:
-            xr = _load_raw(x_ptr, (t * NBR + j)[:, None] * BLOCK + lanes[None, :], (col < H) & (t < M), FLOAT, STREAM)
+            xr = _load_raw(x_ptr, (t * NBR + j)[:, None] * BLOCK + lanes[None, :], (col < H) & (t < M), FLOAT)
     while t < M:
         if VEC16:
             rows, ok, off, m = _tile16(t, M * NBR, NBR, BLOCK)  # the NBR blocks of token row t
@@ -138,11 +131,11 @@ def _rmsnorm_quant_kernel(x_ptr, w_ptr, y_ptr, codes_ptr, scales_ptr, M, eps, ts
                 xa = _widen(xra, FLOAT)
                 xb = _widen(xrb, FLOAT)
                 _, _, offn, mn = _tile16(t + tl.num_programs(0), M * NBR, NBR, BLOCK)
-                xra = _load_raw(x_ptr, offn, mn, FLOAT, STREAM)
-                xrb = _load_raw(x_ptr, offn + 8, mn, FLOAT, STREAM)
+                xra = _load_raw(x_ptr, offn, mn, FLOAT)
+                xrb = _load_raw(x_ptr, offn + 8, mn, FLOAT)
             else:
-                xa = _widen(_load_raw(x_ptr, off, m, FLOAT, STREAM), FLOAT)
-                xb = _widen(_load_raw(x_ptr, off + 8, m, FLOAT, STREAM), FLOAT)
+                xa = _load_f32(x_ptr, off, m, FLOAT)
+                xb = _load_f32(x_ptr, off + 8, m, FLOAT)
             ca, cb, scale = _quantize16(xa, xb, elut_ptr, NBR, KIND, BITS, QMAX, BLOCK, NF4_LUT, HW, SCALE, ts_ptr)
             _store_codes16(codes_ptr, ca, cb, rows, ok, ~(scale > 0.0), NBR, KIND, BITS, BLOCK)
             if ORDER == 1:
@@ -156,10 +149,9 @@ def _rmsnorm_quant_kernel(x_ptr, w_ptr, y_ptr, codes_ptr, scales_ptr, M, eps, ts
             if PREFETCH:  # the next row's load is issued before this row's work: two rows in flight per program
                 x = _widen(xr, FLOAT)
                 tn = t + tl.num_programs(0)
-                xr = _load_raw(x_ptr, (tn * NBR + j)[:, None] * BLOCK + lanes[None, :], (col < H) & (tn < M), FLOAT,
-                               STREAM)
+                xr = _load_raw(x_ptr, (tn * NBR + j)[:, None] * BLOCK + lanes[None, :], (col < H) & (tn < M), FLOAT)
             else:
-                x = _widen(_load_raw(x_ptr, elem, col < H, FLOAT, STREAM), FLOAT)
+                x = _load_f32(x_ptr, elem, col < H, FLOAT)
             codes, scale = quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT, HW, SCALE, ts_ptr)
             store_codes(codes_ptr, codes, rows, ok, elem, col < H, M * H, NBR, BITS, BLOCK, BLOCK_P, False)
             ss = _row_sum_squares(x_ptr, x, t * H, H, FLOAT, ORDER, LANES, LOG_LANES)
@@ -216,8 +208,7 @@ def rmsnorm_quant_variants(device: torch.device) -> tuple[str, ...]:
 def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, y: torch.Tensor,
                        codes: torch.Tensor, scales: torch.Tensor, *, variant: str | None = None,
                        rinv: torch.Tensor | None = None, hw: bool | None = None, programs: int | None = None,
-                       vec16: bool | None = None, warps: int | None = None, prefetch: bool | None = None,
-                       stream: bool = False) -> None:
+                       vec16: bool | None = None, warps: int | None = None, prefetch: bool | None = None) -> None:
     """y = RMSNorm(x) * weight (x.dtype), (codes, scales) = Q_spec(x flattened), in one pass over x.
     ``variant``: how y's sum of squares and rsqrt are computed (VARIANTS; default: the first of
     rmsnorm_quant_variants). ``rinv``: if given, a float32 [rows] tensor that receives each row's inverse
@@ -228,8 +219,7 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
     ``programs`` / ``warps``: tuning overrides of the persistent grid and the warps per program (GPU).
     ``prefetch``: load each program's next row before working on this one (None: the formats of
     agoq_cuda.launch.NORM_PREFETCH for the tile in use, on a GPU; AGOQ_CUDA_NORM_PREFETCH overrides; a prefetching
-    launch takes no register cap). ``stream``: x's loads carry the evict-first hint (timed: no gain, so off). Same bits
-    either way."""
+    launch takes no register cap). Same bits either way."""
     why = rmsnorm_quant_unsupported(x, weight, spec)
     if why:
         raise ValueError(f"rmsnorm_quant: {why}")
@@ -270,5 +260,5 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
         H=h, NBR=h // spec.block, KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"],
         BLOCK_P=c["BLOCK_P"], QMAX=c["QMAX"], HW=hw_, FLOAT=fk, SCALE=c.get("SCALE", 0), ORDER=order,
         RSQRT=rsq, LANES=lanes, LOG_LANES=lanes.bit_length() - 1, WRITE_R=int(rinv is not None),
-        elut_ptr=elut, NF4_LUT=elut is not None, PREFETCH=pf, STREAM=bool(stream), enable_fp_fusion=False,
+        elut_ptr=elut, NF4_LUT=elut is not None, PREFETCH=pf, enable_fp_fusion=False,
         **tile, **extra))

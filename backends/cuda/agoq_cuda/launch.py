@@ -120,9 +120,9 @@ def parse_vec16(text: str | None) -> dict[tuple[str, str], bool | None]:
 
 
 def _flag(name: str, default: bool) -> bool:
-    """An on/off environment switch: 1/on/true, 0/off/false, unset or empty = ``default``; else an error."""
+    """An on/off environment switch: 1/on/true, 0/off/false, unset, empty or auto = ``default``; else an error."""
     v = os.environ.get(name, "").strip().lower()
-    if v in ("", "default"):
+    if v in ("", "default", "auto"):
         return default
     if v in ("1", "on", "true"):
         return True
@@ -203,13 +203,12 @@ reduce_requantize = LAUNCHER.reduce_requantize
 #: rmsnorm_quant fp4_e2m1 on the generic tile: the three-line FP4 encoder (2026-12-06) took it from 64 to 73
 #: registers and 10% slower on an H100; capped at 64 it ran 120.1-120.6 us against 134.6 uncapped (16384 x 4096,
 #: H100, same call; the pre-encoder kernel 122.0), back at 1.30x the compiled norm + codec pair (docs/bench/codecs.md).
-#: Timed and left uncapped: rmsnorm_quant mxfp4 generic (72 registers; capped 127.0-127.5 us against 128.4: the
-#: regression there is not the registers; Nsight Compute, twelfth session: 4 programs per SM capped, 3 uncapped, the
-#: same 120.3 / 120.6 us). Since then the fused norm of int4 / nf4 / fp4_e2m1 / mxfp4 prefetches on the generic tile
-#: (NORM_PREFETCH), and a prefetching launch takes no cap: fp4's cap applies with AGOQ_CUDA_NORM_PREFETCH=0. Fit 64 without a spill, not
-#: adopted: rmsnorm_quant int6 generic (78; 1.110 ms capped against 1.100) and silu_mul_backward nf4 16-lane (72,
-#: LAAQ's default; 0.59 / 0.41 ms capped against 0.47 / 0.39), each from one H100 run of bench_maxnreg.py whose timings then included the host's launch cost (an
-#: unchanged kernel moved 0.21 -> 0.96 ms in the same run: noisy, so "not faster", not "slower"). Spill when
+#: Timed and left uncapped: rmsnorm_quant mxfp4 generic (72 registers; capped 127.0-127.5 us against 128.4; Nsight
+#: Compute, twelfth session: 4 programs per SM capped, 3 uncapped, the same 120.3 / 120.6 us). A prefetching launch
+#: (NORM_PREFETCH) takes no cap, so fp4's applies only with the prefetch off (AGOQ_CUDA_NORM_PREFETCH=0).
+#: Fit 64 without a spill, not adopted (one H100 run of bench_maxnreg.py that still timed the host's launch cost,
+#: so "not faster" rather than "slower"): rmsnorm_quant int6 generic (78; 1.110 ms capped against 1.100) and
+#: silu_mul_backward nf4 16-lane (72, LAAQ's default; 0.59 / 0.41 ms capped against 0.47 / 0.39). Spill when
 #: capped: rmsnorm_quant nf4 generic (98), nvfp4 (76-80), silu_mul_quant on the generic tile (72-96) and mxfp4's
 #: 16-lane tile (79). AGOQ_CUDA_MAXNREG (parse_maxnreg) overrides the table.
 MAXNREG: dict[tuple[str, str, bool], int] = {
@@ -235,12 +234,7 @@ NORM_PREFETCH: dict[bool, frozenset[str]] = {
 def norm_prefetch(spec, device, vec16: bool = False) -> bool:
     """Whether the fused norm prefetches for ``spec`` on ``device`` by default on the generic tile or (``vec16``)
     the 16-lane one; never in the interpreter, whose default is the plain loop."""
-    if device.type == "cpu":
-        return False
-    v = os.environ.get("AGOQ_CUDA_NORM_PREFETCH", "").strip().lower()
-    if v in ("", "auto"):
-        return spec.name in NORM_PREFETCH[bool(vec16)]
-    return _flag("AGOQ_CUDA_NORM_PREFETCH", False)
+    return device.type != "cpu" and _flag("AGOQ_CUDA_NORM_PREFETCH", spec.name in NORM_PREFETCH[bool(vec16)])
 
 
 _FUSED_OPS = ("silu_mul_quant", "silu_mul_backward", "rmsnorm_quant")
