@@ -254,7 +254,7 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
     extra = {} if x.device.type == "cpu" else {"num_warps": warps}
     if not pf:  # the caps were timed without the prefetch; with it fp4's cap spills (codec_isa)
         extra.update(fused_maxnreg("rmsnorm_quant", spec, tile, x.device))
-    elut = LAUNCHER._elut(spec, x.device)  # NF4: the bucket table (one gather per element), as the codec kernels
+    elut = LAUNCHER.encode_table(spec, x.device)  # NF4: the bucket table (one gather per element), as the codec kernels
     LAUNCHER.launch(_rmsnorm_quant_kernel, max(1, nprog), (
         xv, wv, yv, codes.view(torch.int8), scales, m, float(eps), LAUNCHER.tensor_scale(spec, x), rinv), dict(
         H=h, NBR=h // spec.block, KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"],

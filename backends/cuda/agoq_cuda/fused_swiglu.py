@@ -240,9 +240,8 @@ def silu_mul_backward_unsupported(dh: torch.Tensor, spec) -> str | None:
 
 def _launch_consts(spec, n: int, dtype: torch.dtype, device: torch.device, programs: int | None, hw: bool | None):
     c = spec_constexprs(spec)
-    # the launcher's plan cache (CudaGeometry's plans are pure): the plan is ~4 us of host time per call otherwise
-    la = LAUNCHER._first(functools.partial(LAUNCHER.geometry.plan, "quantize", spec, n, dtype, device,
-                                           programs=programs), None)
+    # from the launcher's plan cache (CudaGeometry's plans are pure): ~4 us of host time per call otherwise
+    la = LAUNCHER.plan("quantize", spec, n, dtype, device, programs=programs)
     return c, la, LAUNCHER.geometry.hw(device, hw), LAUNCHER
 
 
@@ -272,7 +271,7 @@ def silu_mul_quant_into(gate: torch.Tensor, up: torch.Tensor, spec, h: torch.Ten
     gv, fk = float_view(gate.reshape(-1), "silu_mul_quant")
     uv, _ = float_view(up.reshape(-1), "silu_mul_quant")
     hv, _ = float_view(h.reshape(-1), "silu_mul_quant")
-    elut = launcher._elut(spec, gate.device)
+    elut = launcher.encode_table(spec, gate.device)
     tile = fused_vec16("silu_mul_quant", spec, (gate_codes, up_codes), writes=True, vec16=vec16)
     launcher.launch(_silu_mul_quant_kernel, la.grid, (
         gv, uv, hv, gate_codes.view(torch.int8), gate_scales, up_codes.view(torch.int8), up_scales,

@@ -588,7 +588,14 @@ class Launcher:
         a = parts[0].amax() if len(parts) == 1 else torch.cat(parts).amax()
         return _scale_and_inverse(nvfp4_tensor_scale_from_absmax(a))
 
-    def _elut(self, spec, device: torch.device):
+    def plan(self, op: str, spec, n: int, dtype: torch.dtype, device: torch.device, *,
+             programs: int | None = None, rows: int | None = None) -> Launch:
+        """The geometry's launch for ``op`` over ``n`` elements, as the codec calls take it (from the plan cache
+        where the geometry's plans are pure). For kernels outside this module that launch like a codec."""
+        return self._first(functools.partial(self.geometry.plan, op, spec, n, dtype, device, programs=programs), rows)
+
+    def encode_table(self, spec, device: torch.device) -> torch.Tensor | None:
+        """NF4's bucket table (the ``elut_ptr`` argument) where the geometry uses it, else None."""
         return nf4_encode_lut(spec.kind, device) if self.geometry.nf4_lut else None
 
     def _float_in(self, t: torch.Tensor, what: str) -> tuple[torch.Tensor, int, torch.dtype]:
@@ -609,7 +616,7 @@ class Launcher:
         check_codec_buffers(spec, n, codes, scales, x.device, "quantize")
         xv, xk, io = self._float_in(x, "quantize")
         g, dev = self.geometry, x.device
-        f, cv, elut = self._format(spec, dev, hw), codes.view(torch.int8), self._elut(spec, dev)
+        f, cv, elut = self._format(spec, dev, hw), codes.view(torch.int8), self.encode_table(spec, dev)
         ts = self.tensor_scale(spec, x, programs=programs) if n else None
         self.last_plans = []
         for off, m, boff, soff, ragged in segments(spec, n):
@@ -657,7 +664,8 @@ class Launcher:
         check_codec_buffers(spec, n, codes, scales, g.device, "accumulate_")
         gv, gk, io = self._float_in(g, "accumulate_")
         geo, dev = self.geometry, g.device
-        f, cv, lut, elut = self._format(spec, dev, hw), codes.view(torch.int8), nf4_lut(dev), self._elut(spec, dev)
+        f, cv, lut = self._format(spec, dev, hw), codes.view(torch.int8), nf4_lut(dev)
+        elut = self.encode_table(spec, dev)
         self.last_plans = []
         for off, m, boff, soff, ragged in segments(spec, n):
             replan = functools.partial(geo.plan, "accumulate", spec, m, io, dev, programs=programs)
@@ -688,7 +696,7 @@ class Launcher:
         if codes.stride(1) != 1 or scales.stride(1) != 1:
             raise ValueError("reduce_requantize: rows of codes and scales must be contiguous")
         g, dev = self.geometry, codes.device
-        f, lut, elut = self._format(spec, dev, hw), nf4_lut(dev), self._elut(spec, dev)
+        f, lut, elut = self._format(spec, dev, hw), nf4_lut(dev), self.encode_table(spec, dev)
         cv, cov = codes.view(torch.int8), codes_out.view(torch.int8)
         self.last_plans = []
         for off, m, boff, soff, ragged in segments(spec, n):

@@ -96,3 +96,21 @@ def test_bad_calls_fail_before_any_launch(kernels):
     with pytest.raises(ValueError, match=r"want codes\[W, B\]"):
         la.reduce_requantize(codes, scales, spec, 64, codes, scales)
     assert not any(r.calls for r in kernels.values())
+
+
+def test_plan_is_the_codec_calls_plan(kernels):
+    """Launcher.plan: what a codec call of the same size plans, cached only where the geometry says plans are
+    pure, so fused kernels outside the module launch like a codec without reaching into the launcher."""
+    spec = get_format("int4", 32)
+    geom = _Geometry(nf4_lut=False)
+    la = L.Launcher(geom)
+    a = la.plan("quantize", spec, 64, torch.bfloat16, torch.device("cpu"), programs=5)
+    assert (a.grid, a.rows, a.plan) == (5, 2, ("quantize", 64, torch.bfloat16))
+    assert la.plan("quantize", spec, 64, torch.bfloat16, torch.device("cpu"), programs=5) is not a  # impure: replanned
+    geom.pure_plans = True
+    b = la.plan("quantize", spec, 64, torch.bfloat16, torch.device("cpu"), programs=5, rows=4)
+    assert b.rows == 4 and la.plan("quantize", spec, 64, torch.bfloat16, torch.device("cpu"), programs=5, rows=4) is b
+    assert la.plan("quantize", spec, 128, torch.bfloat16, torch.device("cpu"), programs=5, rows=4) is not b
+    assert la.encode_table(get_format("nf4", 32), torch.device("cpu")) is None
+    assert L.Launcher(_Geometry(nf4_lut=True)).encode_table(get_format("nf4", 32), torch.device("cpu")).dtype \
+        == torch.int64
