@@ -102,3 +102,22 @@ def test_nvfp4_tensor_scale_kernel_matches_reference(dtype, device):
         for programs in (None, 1, 3):
             got = launch.LAUNCHER.tensor_scale(spec, x.to(device), programs=programs)
             assert_bits_equal(got.cpu(), want, f"tensor scale n={x.numel()} programs={programs}")
+
+
+def test_bench_absmax_smoke(tmp_path):
+    """benchmarks/bench_absmax.py --smoke: the NVFP4 tensor-scale pass at each geometry (one program per tile and a
+    persistent grid) finds torch's maximum; the report lists every variant."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    out = tmp_path / "a.json"
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_absmax.py"), "--smoke", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600, env=dict(os.environ, TRITON_INTERPRET="1"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [x for x in json.loads(out.read_text())["rows"] if x["what"] == "absmax"]
+    assert {(x["rows"], x["programs"]) for x in rows} == {(4, 64), (4, 2), (16, 16), (16, 2)}
+    assert all(x["exact"] for x in rows)
