@@ -37,7 +37,10 @@ _NVFP4_DIVISOR = 448.0 * 6.0  # F8E4M3_MAX * F4_E2M1_MAX (torchao per_tensor_ama
 
 
 def _f32(v: float, like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor(v, dtype=torch.float32, device=like.device)
+    """``v`` as a 0-d fp32 tensor on ``like``'s device: a tensor operand, so every backend divides in fp32 with
+    correct rounding (a Python scalar divisor may become a multiply by its reciprocal on CUDA). Filled on the
+    device: ``torch.tensor`` would copy from pageable host memory, a host-device sync per call on a GPU."""
+    return torch.full((), v, dtype=torch.float32, device=like.device)
 
 
 def _clean_blocks(xb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -137,7 +137,7 @@ def quantize_blocks(x: torch.Tensor, spec: FormatSpec) -> tuple[torch.Tensor, to
     nonfinite = (expo == _F32_EXP_MASK).any(dim=1)
     xb = torch.where((expo == 0) | (expo == _F32_EXP_MASK), torch.zeros_like(xb), xb)
     amax = xb.abs().amax(dim=1)
-    scale = amax / torch.tensor(spec.qmax, dtype=torch.float32, device=x.device)
+    scale = amax / torch.full((), float(spec.qmax), dtype=torch.float32, device=x.device)  # no host copy
     scale = torch.where(scale < MIN_NORMAL_F32, torch.zeros_like(scale), scale)
     # qmax x scale must stay finite so that every decoded value does (absmax near FLT_MAX: int6 and
     # int8 round the quotient up); take the next fp32 below (§3 step 5).

@@ -151,3 +151,23 @@ def test_registry_and_config_errors():
 
     assert LAAQConfig.uniform("mxfp4").plan(0)["mlp_act_input"].block == 32
     assert QuanGradConfig(fmt="mxfp8").spec.block == 32
+
+
+def test_scale_steps_copy_nothing_from_the_host(monkeypatch):
+    """NVFP4's tensor-scale step and the integer formats' block scales divide by fp32 constants made on the data's
+    device (torch.full), never by torch.tensor: on a GPU that copies from pageable host memory, a host-device sync
+    in every NVFP4 quantize (the Triton launchers call this step too). Same bits either way."""
+    a = torch.tensor([0.0, 1e-30, 3.0, 2688.0, 1e30])
+    x = torch.randn(4, 64)
+    want_s = [mx.nvfp4_tensor_scale_from_absmax(v) for v in a]
+    want_q = ref.quantize_blocks(x.flatten(), get_format("int4"))
+
+    def no_host_copy(*args, **kwargs):
+        raise AssertionError("torch.tensor called: a host copy (a sync on a GPU)")
+
+    monkeypatch.setattr(torch, "tensor", no_host_copy)
+    for v, w in zip(a, want_s):
+        got = mx.nvfp4_tensor_scale_from_absmax(v)
+        assert got.dtype == torch.float32 and torch.equal(got.view(torch.int32), w.view(torch.int32))
+    got_q = ref.quantize_blocks(x.flatten(), get_format("int4"))
+    assert all(torch.equal(g, w) for g, w in zip(got_q, want_q))

@@ -222,12 +222,13 @@ MAXNREG: dict[tuple[str, str, bool], int] = {
 #: twelfth session; default geometry, 8 warps, 1056 programs), generic tile: mxfp4 128.2 -> 115.0 us (Nsight
 #: Compute: 120.6 -> 109.0 us, DRAM 72% -> 79% of peak; bench_codecs' row 127.0 -> 115.2 us, 1.25x -> 1.37x the
 #: compiled pair), int4 115.4 -> 111.7 (bench_codecs 115.0 -> 112.2), fp4_e2m1 capped 120.6 -> 114.9 uncapped with
-#: the prefetch, nf4 185.7 -> 134.8. nf4 runs on the 16-lane tile by default (VEC16_DEFAULTS; 128 us, 1.25x), where
-#: the prefetch is built and tested in the interpreter but not yet timed: off there. AGOQ_CUDA_NORM_PREFETCH=0 / 1
-#: turns it off / on for every format and tile; ``auto`` or unset: this table.
+#: the prefetch, nf4 185.7 -> 134.8. The 16-lane tile (nf4's default, VEC16_DEFAULTS), thirteenth session, same card
+#: and geometry, two sweeps for nf4: nf4 129.2 / 129.3 -> 127.8 / 127.2 us (1.24x -> 1.25x), int4 125.4 -> 115.5,
+#: fp4_e2m1 120.4 -> 114.7, mxfp4 130.9 -> 123.8 (docs/bench/codecs.md). AGOQ_CUDA_NORM_PREFETCH=0 / 1 turns it
+#: off / on for every format and tile; ``auto`` or unset: this table.
 NORM_PREFETCH: dict[bool, frozenset[str]] = {
     False: frozenset({"int4", "nf4", "fp4_e2m1", "mxfp4"}),
-    True: frozenset(),
+    True: frozenset({"int4", "nf4", "fp4_e2m1", "mxfp4"}),
 }
 
 

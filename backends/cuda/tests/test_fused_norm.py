@@ -211,13 +211,14 @@ def test_norm_prefetch_defaults(monkeypatch):
     fmts = ("int4", "nf4", "fp4_e2m1", "mxfp4", "int8")
     assert {f for f in fmts if norm_prefetch(get_format(f), gpu)} == set(NORM_PREFETCH[False]) \
         == {"int4", "nf4", "fp4_e2m1", "mxfp4"}
-    assert {f for f in fmts if norm_prefetch(get_format(f), gpu, vec16=True)} == set(NORM_PREFETCH[True]) == set()
+    assert {f for f in fmts if norm_prefetch(get_format(f), gpu, vec16=True)} == set(NORM_PREFETCH[True]) \
+        == {"int4", "nf4", "fp4_e2m1", "mxfp4"}
     assert not norm_prefetch(get_format("int4"), cpu)
     monkeypatch.setenv("AGOQ_CUDA_NORM_PREFETCH", "1")
-    assert norm_prefetch(get_format("int8"), gpu) and norm_prefetch(get_format("nf4"), gpu, vec16=True)
+    assert norm_prefetch(get_format("int8"), gpu) and norm_prefetch(get_format("int8"), gpu, vec16=True)
     assert not norm_prefetch(get_format("int8"), cpu)
     monkeypatch.setenv("AGOQ_CUDA_NORM_PREFETCH", "0")
-    assert not norm_prefetch(get_format("int4"), gpu)
+    assert not norm_prefetch(get_format("int4"), gpu) and not norm_prefetch(get_format("nf4"), gpu, vec16=True)
     monkeypatch.setenv("AGOQ_CUDA_NORM_PREFETCH", "maybe")
     with pytest.raises(ValueError, match="AGOQ_CUDA_NORM_PREFETCH"):
         norm_prefetch(get_format("int4"), gpu)
