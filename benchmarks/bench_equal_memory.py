@@ -987,17 +987,24 @@ def plot(rows, path):
 
 def merge(paths, out=None) -> int:
     """Rows of several runs in one table, summary and Pareto plot; the newest row (later file) per
-    (configuration, cap, length) wins, an OOM row never replaces a measured one."""
+    (configuration, cap, length) wins, an OOM row never replaces a measured one. A cap at or above the memory the
+    run's device has (its meta's ``memory_gib``: an 80 GiB cap on an 80 GB H100) is no cap: such rows merge as the
+    whole device, with ``cap_as_run`` keeping the cap they ran under."""
     rows: dict = {}
     for p in paths:
         try:
-            runs = json.loads(Path(p).read_text())["runs"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            doc = json.loads(Path(p).read_text())
+            runs, mem = doc["runs"], (doc.get("meta") or {}).get("memory_gib")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise SystemExit(f"--merge: cannot read the runs of {p}: {exc}") from exc
         for r in runs:
             if r.get("failed") or r.get("unavailable"):
                 continue
-            key = (r["config"], float(r.get("cap_gib") or 0), r["seq"])
+            cap = float(r.get("cap_gib") or 0)
+            if cap and mem and cap >= float(mem):
+                r = dict(r, cap_gib=0, cap_as_run=cap)
+                cap = 0.0
+            key = (r["config"], cap, r["seq"])
             if r.get("oom") and key in rows and not rows[key].get("oom"):
                 continue
             rows[key] = dict(r, source=str(p))

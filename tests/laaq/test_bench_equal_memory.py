@@ -339,6 +339,31 @@ def test_merge_runs_newest_row_wins_and_reach_bounds(bench, tmp_path, capsys):
         bench.main(["--merge", str(tmp_path / "missing.json")])
 
 
+def test_merge_a_cap_above_the_device_is_the_whole_device(bench, tmp_path):
+    """An 80 GiB cap on a 79.2 GiB card limits nothing: its rows merge with the same card's whole-device rows (the
+    newer wins), keep the cap they ran under, and a cap below the card's memory stays a cap."""
+    import json
+
+    old = {"meta": {"memory_gib": 79.2},
+           "runs": [{"config": "fp8-ce-c", "seq": 16384, "cap_gib": 80, "oom": False, "tokens_per_s": 9.0,
+                     "peak_bytes": 1},
+                    {"config": "ckpt-c", "seq": 16384, "cap_gib": 40, "oom": False, "tokens_per_s": 5.0,
+                     "peak_bytes": 1}]}
+    new = {"meta": {"memory_gib": 79.2},
+           "runs": [{"config": "fp8-ce-c", "seq": 16384, "cap_gib": 0, "oom": False, "tokens_per_s": 10.0,
+                     "peak_bytes": 1},
+                    {"config": "fp8-ce-c", "seq": 32768, "cap_gib": 80, "oom": False, "tokens_per_s": 7.0,
+                     "peak_bytes": 1}]}
+    pa, pb, out = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "m.json"
+    pa.write_text(json.dumps(old))
+    pb.write_text(json.dumps(new))
+    assert bench.main(["--merge", f"{pa},{pb}", "--json", str(out)]) == 0
+    rows = {(r["config"], r["cap_gib"], r["seq"]): r for r in json.loads(out.read_text())["runs"]}
+    assert set(rows) == {("fp8-ce-c", 0, 16384), ("fp8-ce-c", 0, 32768), ("ckpt-c", 40, 16384)}
+    assert rows[("fp8-ce-c", 0, 16384)]["tokens_per_s"] == 10.0 and "cap_as_run" not in rows[("fp8-ce-c", 0, 16384)]
+    assert rows[("fp8-ce-c", 0, 32768)]["cap_as_run"] == 80
+
+
 def test_warmup_steps_are_untimed(bench):
     (row,) = bench.run_cell(_cell("plain", [64], steps=2, warmup=3))
     assert len(row["step_times_s"]) == 2 and not row["oom"]
