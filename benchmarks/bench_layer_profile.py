@@ -470,14 +470,21 @@ def explain_text(ex, ceil=()) -> str:
 
 def costs(rows) -> dict:
     """The measured per-layer costs the planner reads (agoq_core.planner.budget.plan_budget(measured=...)):
-    {seq: {method: {saved_bytes, transient_bytes, time_s}}}."""
+    {seq: {method: {saved_bytes, transient_bytes, time_s[, attention_s]}}}; ``attention_s``: the attention
+    kernels' share of time_s, forward + backward (where the kernels were grouped), which the planner scales with the
+    square of the length when it plans another one (budget.costs_at_length)."""
+    from agoq_core.planner.budget import attention_seconds
+
     out: dict = {}
     for r in rows:
         if r.get("saved_bytes") is None or r.get("failed") or r.get("oom"):
             continue
-        out.setdefault(str(r["seq"]), {})[r["method"]] = {
-            "saved_bytes": int(r["saved_bytes"]), "transient_bytes": int(r["transient_bytes"]),
-            "time_s": r["ms"] / 1e3}
+        c = {"saved_bytes": int(r["saved_bytes"]), "transient_bytes": int(r["transient_bytes"]),
+             "time_s": r["ms"] / 1e3}
+        att = attention_seconds(r)
+        if att is not None:
+            c["attention_s"] = att
+        out.setdefault(str(r["seq"]), {})[r["method"]] = c
     return out
 
 

@@ -172,12 +172,16 @@ def costs_at_length(costs: Mapping[str, Mapping], seq_len: int, shape: Transform
                     device="H200") -> tuple[dict, str | None]:
     """The measured per-layer costs (``load_layer_costs``' ``{seq: {option: costs}}``) at ``seq_len``: as measured
     if the profile has that length, else those of the nearest measured length L scaled to ``seq_len`` (returned
-    note says so): bytes by seq_len / L (a layer's saved and transient bytes are per token, flash attention
-    included), times by the analytic bf16 layer's time at seq_len over its time at L (agoq_core.scale.compute:
-    GEMMs linear, attention quadratic in the length). Scaled costs rank the options as the measured ones do, except
-    that an option measured faster than keeping the layer is not planned faster at the scaled length
-    (:func:`layer_options`; each scaled entry carries ``SCALED_FROM``); their predicted peak is an extrapolation
-    (check it against a run). ({}, None) when there are no costs at all."""
+    note says so): bytes by r = seq_len / L (a layer's saved and transient bytes are per token, flash attention
+    included); times, where the profile grouped its kernels (``attention_s``), as attention x r^2 + the rest x r
+    (causal attention is quadratic in the length, GEMMs and elementwise work linear), else by the analytic bf16
+    layer's time at seq_len over its time at L (agoq_core.scale.compute). The analytic ratio fits bf16 layers
+    (H200, 32K -> 64K: within 0.4%) but not float8 ones, whose faster GEMMs leave attention a larger share: 6-11%
+    short there; the measured split halved the step's error on an H100 (16K -> 32K: -9.2% -> -4.9%, 64K: -18.8%
+    -> -10.1%; docs/laaq.md). Scaled costs rank the options as the measured ones do, except that an option measured
+    faster than keeping the layer is not planned faster at the scaled length (:func:`layer_options`; each scaled
+    entry carries ``SCALED_FROM``); their predicted peak is an extrapolation (check it against a run). ({}, None)
+    when there are no costs at all."""
     from agoq_core.scale import compute as C
 
     if not costs:
@@ -194,12 +198,33 @@ def costs_at_length(costs: Mapping[str, Mapping], seq_len: int, shape: Transform
         return lc.forward + lc.backward + dev.layer_overhead_s
 
     fb, ft = seq_len / near, t(seq_len) / t(near)
-    out = {}
+    out, split = {}, 0
     for name, c in costs[str(near)].items():
+        att = c.get("attention_s")
+        if att is not None and 0 <= att <= c["time_s"]:
+            time_s, split = (c["time_s"] - att) * fb + att * fb * fb, split + 1
+            att = att * fb * fb
+        else:
+            time_s, att = c["time_s"] * ft, None
         out[name] = {**c, "saved_bytes": int(round(c["saved_bytes"] * fb)),
-                     "transient_bytes": int(round(c["transient_bytes"] * fb)), "time_s": c["time_s"] * ft,
-                     SCALED_FROM: near}
-    return out, f"per-layer costs measured at {near} tokens, scaled to {seq_len} (bytes x {fb:.3g}, time x {ft:.3g})"
+                     "transient_bytes": int(round(c["transient_bytes"] * fb)), "time_s": time_s, SCALED_FROM: near}
+        if att is None:
+            out[name].pop("attention_s", None)
+        else:
+            out[name]["attention_s"] = att
+    how = (f"time: attention x {fb * fb:.3g}, the rest x {fb:.3g}" if split == len(out) else
+           f"time x {ft:.3g}" if not split else
+           f"time: attention x {fb * fb:.3g} and the rest x {fb:.3g} for {split} options, x {ft:.3g} for the others")
+    return out, f"per-layer costs measured at {near} tokens, scaled to {seq_len} (bytes x {fb:.3g}, {how})"
+
+
+def attention_seconds(row: Mapping) -> float | None:
+    """The attention kernels' seconds, forward + backward, of a bench_layer_profile row that grouped its kernels
+    (``fwd_groups_ms`` / ``bwd_groups_ms``), else None."""
+    f, b = row.get("fwd_groups_ms"), row.get("bwd_groups_ms")
+    if not isinstance(f, Mapping) or not isinstance(b, Mapping) or "attention" not in f or "attention" not in b:
+        return None
+    return (float(f["attention"]) + float(b["attention"])) / 1e3
 
 
 def option_name(kind: str, fmt: str | None) -> str:
@@ -367,6 +392,14 @@ def load_layer_costs(reports: Sequence, *, hidden: int) -> tuple[dict, list[str]
         batch = int((r.get("meta") or {}).get("batch", 1) or 1)
         c, n = input_leaf_correction(r["costs"], hidden, batch, r.get("meta"))
         notes += n
+        for row in r.get("rows") or ():  # profiles written before attention_s: its split from the grouped rows
+            if not isinstance(row, Mapping):
+                continue
+            by = c.get(str(row.get("seq")), {})
+            entry = by.get(row.get("method"))
+            att = attention_seconds(row) if entry is not None and "attention_s" not in entry else None
+            if att is not None:
+                by[row["method"]] = dict(entry, attention_s=att)
         for seq, by in c.items():
             costs.setdefault(str(seq), {}).update(by)
     return costs, notes

@@ -118,6 +118,12 @@ def test_layer_profile_smoke(tmp_path):
     laaq = next(r for r in rep["rows"] if r["method"] == "laaq:nf4")
     assert laaq["bwd_groups_ms"]["codec"] > 0  # the dequantize calls are labelled and counted
     assert {e["method"] for e in rep["explain"]} == {"bf16", "laaq:nf4"}
+    # the planner's costs carry the attention kernels' share, which it scales as length^2 (no bytes on CPU: given)
+    got = lp.costs([dict(r, saved_bytes=1, transient_bytes=2) for r in rep["rows"]])
+    for r in rep["rows"]:
+        c = got[str(r["seq"])][r["method"]]
+        att = (r["fwd_groups_ms"]["attention"] + r["bwd_groups_ms"]["attention"]) / 1e3
+        assert c["time_s"] == r["ms"] / 1e3 and c["attention_s"] == pytest.approx(att)
     assert (tmp_path / "lp.json").exists()
 
 

@@ -274,6 +274,49 @@ def test_costs_at_length_scales_from_the_nearest_profiled_length():
     assert costs_at_length({}, 8192, shape) == ({}, None)
 
 
+def test_costs_at_length_scales_the_measured_attention_quadratically():
+    """Where the profile split off its attention kernels (``attention_s``), a scaled time is attention x r^2 + the
+    rest x r (r = the length ratio), not the analytic bf16 ratio: with float8 GEMMs attention is a larger share
+    than in the analytic bf16 layer (H100 16K profile: 13.6 of 37.3 ms). Options without the split keep the
+    analytic ratio; an unusable split (larger than the time) is ignored."""
+    from agoq_core.planner.budget import SCALED_FROM, costs_at_length
+    from agoq_core.planner.model import model_shape
+
+    shape = model_shape("llama2-7b")
+    c = {"16384": {"fp8-laaq-c:nf4": {"saved_bytes": 800, "transient_bytes": 2000, "time_s": 0.0373,
+                                      "attention_s": 0.0136},
+                   "fp8-ckpt-c": {"saved_bytes": 134, "transient_bytes": 3000, "time_s": 0.0464},
+                   "bad": {"saved_bytes": 1, "transient_bytes": 1, "time_s": 0.01, "attention_s": 0.02}}}
+    at64, note = costs_at_length(c, 65536, shape)
+    laaq = at64["fp8-laaq-c:nf4"]
+    assert laaq["time_s"] == pytest.approx((0.0373 - 0.0136) * 4 + 0.0136 * 16)
+    assert laaq["attention_s"] == pytest.approx(0.0136 * 16) and laaq[SCALED_FROM] == 16384
+    assert laaq["saved_bytes"] == 3200 and laaq["transient_bytes"] == 8000
+    analytic = at64["fp8-ckpt-c"]["time_s"] / 0.0464
+    assert at64["bad"]["time_s"] == pytest.approx(0.01 * analytic) and "attention_s" not in at64["bad"]
+    assert "attention_s" not in at64["fp8-ckpt-c"] and 4 < analytic < 16
+    assert "attention x 16 and the rest x 4 for 1 options" in note
+    at8, note8 = costs_at_length({"16384": {"x": dict(c["16384"]["fp8-laaq-c:nf4"])}}, 8192, shape)
+    assert at8["x"]["time_s"] == pytest.approx((0.0373 - 0.0136) / 2 + 0.0136 / 4)
+    assert "time: attention x 0.25, the rest x 0.5" in note8
+
+
+def test_load_layer_costs_takes_the_attention_split_from_grouped_rows():
+    """A profile written before ``attention_s`` gets it from its rows' kernel groups (forward + backward); the
+    report passed in is not changed; rows without groups add nothing."""
+    from agoq_core.planner.budget import INPUT_NON_LEAF, load_layer_costs
+
+    rep = {"meta": {"input": INPUT_NON_LEAF},
+           "costs": {"16384": {"a": {"saved_bytes": 1, "transient_bytes": 2, "time_s": 0.04},
+                               "b": {"saved_bytes": 1, "transient_bytes": 2, "time_s": 0.05}}},
+           "rows": [{"method": "a", "seq": 16384, "fwd_groups_ms": {"attention": 3.5, "gemm": 5.0},
+                     "bwd_groups_ms": {"attention": 10.0, "gemm": 17.0}},
+                    {"method": "b", "seq": 16384, "ms": 50.0}]}
+    costs, _ = load_layer_costs([rep], hidden=4096)
+    assert costs["16384"]["a"]["attention_s"] == pytest.approx(0.0135)
+    assert "attention_s" not in costs["16384"]["b"] and "attention_s" not in rep["costs"]["16384"]["a"]
+
+
 def test_loss_auto_keeps_the_models_loss_where_it_fits_and_is_faster():
     from agoq_core.planner.budget import plan_budget
     from agoq_core.planner.errors import BudgetError
