@@ -269,6 +269,20 @@ def _optimizer(model, device, quangrad=False):
 POLICY_M_LOSS = "auto"
 
 
+def _profile(cell, device) -> str:
+    """The planner's device profile: the cell's, else the card's by name (an H100 plans with the H100 profile; until
+    2026-12-06 every cell planned with the H200's), else the H200 (CPU smoke runs, cards without a profile)."""
+    if cell.get("profile"):
+        return cell["profile"]
+    import torch
+
+    from agoq_core.scale.devices import profile_name_for
+
+    if device is not None and torch.device(device).type == "cuda":
+        return profile_name_for(torch.cuda.get_device_name(device)) or "H200"
+    return "H200"
+
+
 def _plan(cell, model, seq, options, loss, device, measured=None, headroom=0.02, quangrad=False):
     from agoq_core.planner.budget import BUDGET_STATIC, plan_budget
 
@@ -276,7 +290,7 @@ def _plan(cell, model, seq, options, loss, device, measured=None, headroom=0.02,
 
     from agoq_core.planner.errors import BudgetError
 
-    kw = dict(seq_len=seq, batch=cell.get("batch", 1), options=options, loss=loss, device=cell.get("profile", "H200"),
+    kw = dict(seq_len=seq, batch=cell.get("batch", 1), options=options, loss=loss, device=_profile(cell, device),
               measured=measured, headroom=headroom)
     if quangrad:  # gradients in QuanGrad's FP8 buffers instead of bf16 .grad
         import dataclasses
@@ -321,7 +335,7 @@ def _plan_desc(plan) -> dict:
     d = plan.to_dict()
     return dict(mix=plan.mix, choices=list(plan.choices), predicted_peak_bytes=plan.peak_bytes,
                 predicted_parts=d["peak_parts"], budget_bytes=plan.budget_bytes,
-                predicted_step_s=plan.step_time_s, predicted_tokens_per_s=plan.tokens_per_s)
+                predicted_step_s=plan.step_time_s, predicted_tokens_per_s=plan.tokens_per_s, planner_profile=plan.device)
 
 
 class _FakeOOM(Exception):

@@ -175,6 +175,21 @@ def test_capped_plan_budgets_the_cap(bench):
     plan = bench._plan(cell, m, 32768, "bf16,laaq:nf4,ckpt", "chunked", None)
     assert plan.budget_bytes == 80 << 30 and plan.peak_bytes <= int((80 << 30) * 0.98)
     assert model_shape(m.config).layers == 32
+    assert plan.device == "H200" and bench._plan_desc(plan)["planner_profile"] == "H200"  # no card: the default
+    assert bench._plan(dict(cell, profile="H100"), m, 32768, "bf16,laaq:nf4,ckpt", "chunked", None).device == "H100"
+
+
+def test_a_card_plans_with_its_own_profile(bench, monkeypatch):
+    """On a GPU the planner's profile is the card's by name (an H100 planned with the H200's until 2026-12-06); a
+    card without a profile falls back to the H200's."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA H100 80GB HBM3")
+    assert bench._profile({}, torch.device("cuda", 0)) == "H100"
+    assert bench._profile({"profile": "A100"}, torch.device("cuda", 0)) == "A100"
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA GeForce RTX 4090")
+    assert bench._profile({}, torch.device("cuda", 0)) == "H200"
+    assert bench._profile({}, torch.device("cpu")) == bench._profile({}, None) == "H200"
 
 
 def test_policy_m_degrades_after_oom(bench):

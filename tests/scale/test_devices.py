@@ -131,3 +131,15 @@ def test_h100_memory_is_the_measured_capacity():
     text = (BENCH / "h100-2026-12-06-s10/cells-16k/bench_equal_memory_cells.json").read_text()
     caps = set(re.findall(r"total capacity of ([0-9.]+) GiB", text))
     assert caps == {f"{dev.memory_bytes / GiB:.2f}"} == {"79.18"}
+
+
+def test_profile_name_for_the_runtime_names():
+    """The card's runtime name picks its profile (the equal-memory bench plans an H100 with the H100 profile);
+    a card without a profile gives None, not a wrong profile."""
+    from agoq_core.scale.devices import profile_name_for
+
+    assert profile_name_for("NVIDIA H100 80GB HBM3") == "H100"
+    assert profile_name_for("NVIDIA H200") == "H200"
+    assert profile_name_for("NVIDIA A100-SXM4-80GB") == "A100"
+    assert profile_name_for("NVIDIA RTX A6000") == "A6000"
+    assert profile_name_for("NVIDIA GeForce RTX 4090") is None and profile_name_for(None) is None
