@@ -335,7 +335,8 @@ def _plan_desc(plan) -> dict:
     d = plan.to_dict()
     return dict(mix=plan.mix, choices=list(plan.choices), predicted_peak_bytes=plan.peak_bytes,
                 predicted_parts=d["peak_parts"], budget_bytes=plan.budget_bytes,
-                predicted_step_s=plan.step_time_s, predicted_tokens_per_s=plan.tokens_per_s, planner_profile=plan.device)
+                predicted_step_s=plan.step_time_s, predicted_tokens_per_s=plan.tokens_per_s,
+                planner_profile=plan.device)
 
 
 class _FakeOOM(Exception):
