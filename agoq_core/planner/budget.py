@@ -177,11 +177,11 @@ def costs_at_length(costs: Mapping[str, Mapping], seq_len: int, shape: Transform
     (causal attention is quadratic in the length, GEMMs and elementwise work linear), else by the analytic bf16
     layer's time at seq_len over its time at L (agoq_core.scale.compute). The analytic ratio fits bf16 layers
     (H200, 32K -> 64K: within 0.4%) but not float8 ones, whose faster GEMMs leave attention a larger share: 6-11%
-    short there; the measured split (and the H100's own device profile) halved the step's error on an H100 (16K -> 32K: -9.2% -> -4.4%, 64K: -18.8%
-    -> -10.0%; docs/laaq.md). Scaled costs rank the options as the measured ones do, except that an option measured
-    faster than keeping the layer is not planned faster at the scaled length (:func:`layer_options`; each scaled
-    entry carries ``SCALED_FROM``); their predicted peak is an extrapolation (check it against a run). ({}, None)
-    when there are no costs at all."""
+    short there. With the measured split (and the H100's own device profile) the predicted step's error on an H100
+    halved: 16K -> 32K -9.2% -> -4.4%, 64K -18.8% -> -10.0% (docs/laaq.md). Scaled costs rank the options as the
+    measured ones do, except that an option measured faster than keeping the layer is not planned faster at the
+    scaled length (:func:`layer_options`; each scaled entry carries ``SCALED_FROM``); their predicted peak is an
+    extrapolation (check it against a run). ({}, None) when there are no costs at all."""
     from agoq_core.scale import compute as C
 
     if not costs:
