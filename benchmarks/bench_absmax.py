@@ -44,10 +44,7 @@ def main(argv=None) -> dict:
     warps_list = [4] if args.smoke else args.warps
 
     def timed(fn) -> float:
-        if dev.type == "cuda":
-            return harness.kernel_median_ms(fn)
-        fn()
-        return 0.0
+        return harness.kernel_ms_or_run(fn, dev)
 
     gen = torch.Generator().manual_seed(0)
     x = (torch.randn(n, generator=gen) * 3).to(torch.bfloat16).to(dev)

@@ -106,6 +106,15 @@ def kernel_median_ms(fn: Any, rep_ms: float = 100.0, warmup_ms: float = 25.0) ->
     return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
 
+def kernel_ms_or_run(fn: Any, device: Any) -> float:
+    """:func:`kernel_median_ms` of ``fn`` on a CUDA ``device``; elsewhere (a --smoke run in the interpreter, which
+    checks the script, not the speed) one call and 0.0."""
+    if getattr(device, "type", device) == "cuda":
+        return kernel_median_ms(fn)
+    fn()
+    return 0.0
+
+
 def cprofile_steps(step: Any, steps: int, sync: Any, top_n: int) -> dict[str, Any]:
     """``steps`` calls of ``step()`` under cProfile with the autograd engine on the calling thread (else the
     backward's Python functions run on a device thread cProfile does not see), ``sync()`` before and after:

@@ -43,11 +43,8 @@ def main(argv=None) -> dict:
     sms = 1 if args.smoke else torch.cuda.get_device_properties(dev).multi_processor_count
     warps = [None] if args.smoke else args.warps
 
-    def timed(fn) -> float:
-        if dev.type == "cuda":  # device time, the host's launch cost left out (one event pair per call until 2026-12-06)
-            return harness.kernel_median_ms(fn)
-        fn()
-        return 0.0
+    def timed(fn) -> float:  # device time, the host's launch cost left out (one event pair per call until 2026-12-06)
+        return harness.kernel_ms_or_run(fn, dev)
 
     gen = torch.Generator().manual_seed(0)
     x = (torch.randn(m, h, generator=gen) * 2).to(torch.bfloat16).to(dev)
