@@ -255,8 +255,8 @@ def device_profile(name: str | DeviceProfile) -> DeviceProfile:
 
 
 def profile_name_for(gpu_name: str | None) -> str | None:
-    """The profile of a card by the name its runtime reports (``torch.cuda.get_device_name``: "NVIDIA H100 80GB
-    HBM3" -> "H100"), or None when no profile matches (the caller picks its default and says so)."""
+    """The profile of a card by the name its runtime reports ("NVIDIA H100 80GB HBM3" -> "H100"), or None when no
+    profile matches (the caller picks its default and says so)."""
     text = str(gpu_name or "").upper()
     for name in DEVICES:  # H200 before H100 in DEVICES' order does not matter: names do not contain each other
         if name.upper() in text:
