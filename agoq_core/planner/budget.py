@@ -200,18 +200,14 @@ def costs_at_length(costs: Mapping[str, Mapping], seq_len: int, shape: Transform
     fb, ft = seq_len / near, t(seq_len) / t(near)
     out, split = {}, 0
     for name, c in costs[str(near)].items():
+        e = {k: v for k, v in c.items() if k != "attention_s"}
+        e.update(saved_bytes=int(round(c["saved_bytes"] * fb)), transient_bytes=int(round(c["transient_bytes"] * fb)),
+                 time_s=c["time_s"] * ft, **{SCALED_FROM: near})
         att = c.get("attention_s")
-        if att is not None and 0 <= att <= c["time_s"]:
-            time_s, split = (c["time_s"] - att) * fb + att * fb * fb, split + 1
-            att = att * fb * fb
-        else:
-            time_s, att = c["time_s"] * ft, None
-        out[name] = {**c, "saved_bytes": int(round(c["saved_bytes"] * fb)),
-                     "transient_bytes": int(round(c["transient_bytes"] * fb)), "time_s": time_s, SCALED_FROM: near}
-        if att is None:
-            out[name].pop("attention_s", None)
-        else:
-            out[name]["attention_s"] = att
+        if att is not None and 0 <= att <= c["time_s"]:  # the measured split: attention x r^2, the rest x r
+            e.update(time_s=(c["time_s"] - att) * fb + att * fb * fb, attention_s=att * fb * fb)
+            split += 1
+        out[name] = e
     how = (f"time: attention x {fb * fb:.3g}, the rest x {fb:.3g}" if split == len(out) else
            f"time x {ft:.3g}" if not split else
            f"time: attention x {fb * fb:.3g} and the rest x {fb:.3g} for {split} options, x {ft:.3g} for the others")
