@@ -18,7 +18,8 @@ import torch
 from agoq_core.formats.spec import FormatSpec
 
 __all__ = ["quantize_scaled", "nvfp4_tensor_scale", "nvfp4_tensor_scale_from_absmax", "nvfp4_quantize_compact", "mx_scales_to_e8m0",
-           "e8m0_to_mx_scales", "EMAX_ELEM", "MX_MIN_EXP", "NVFP4_MIN_TENSOR_SCALE", "E4M3_MIN_SUBNORMAL"]
+           "e8m0_to_mx_scales", "EMAX_ELEM", "MX_MIN_EXP", "NVFP4_MIN_TENSOR_SCALE", "NVFP4_SCALE_DIVISOR",
+           "E4M3_MIN_SUBNORMAL"]
 
 _EXP = 0x7F800000
 #: emax of the element format: largest power of two below its max normal (OCP MX v1.0 §6.3): E2M1 6 = 1.5 * 2**2,
@@ -33,7 +34,8 @@ MX_MIN_EXP = -126
 #: below 2688 * 2**-100 (~2e-27), which carries nothing in a bf16 network. torchao gives NaN/Inf at S = 0.
 NVFP4_MIN_TENSOR_SCALE = 2.0**-100
 E4M3_MIN_SUBNORMAL = 2.0**-9
-_NVFP4_DIVISOR = 448.0 * 6.0  # F8E4M3_MAX * F4_E2M1_MAX (torchao per_tensor_amax_to_scale)
+#: NVFP4: S = RN(absmax / this): F8E4M3_MAX * F4_E2M1_MAX (torchao per_tensor_amax_to_scale).
+NVFP4_SCALE_DIVISOR = 448.0 * 6.0
 
 
 def _f32(v: float, like: torch.Tensor) -> torch.Tensor:
@@ -67,7 +69,7 @@ def nvfp4_tensor_scale_from_absmax(a: torch.Tensor) -> torch.Tensor:
     call this, so S is bit-identical on every backend (torch's fp32 division is correctly rounded on CPU,
     CUDA and NPU)."""
     a = a.to(torch.float32)
-    s = a / _f32(_NVFP4_DIVISOR, a)
+    s = a / _f32(NVFP4_SCALE_DIVISOR, a)
     return torch.where(s < NVFP4_MIN_TENSOR_SCALE, torch.zeros_like(s), s)
 
 

@@ -131,7 +131,7 @@ class AscendBackend(BackendBase):
         if self.vendor_options.ops:
             notes.append("vendor operators on (tolerance level): " + ", ".join(sorted(self.vendor_options.ops)))
         return Capabilities(
-            formats=frozenset(s.name for s in list_formats()),
+            formats=frozenset(s.name for s in list_formats(microscaling=True)),
             device_types=frozenset({self.device_type}),
             ops=_OPS,
             collectives=frozenset({"all_to_all", "all_gather"}),

@@ -53,7 +53,12 @@ FORMATS = {  # name: (kind, bits, block, qmax), as agoq_core.formats registers t
     "int4": ("int", 4, 128, 7.0), "int5": ("int", 5, 128, 15.0), "int6": ("int", 6, 128, 31.0),
     "int8": ("int", 8, 128, 127.0), "fp4_e2m1": ("fp4_e2m1", 4, 128, 6.0), "nf4": ("nf4", 4, 128, 1.0),
     "fp8_e4m3": ("fp8_e4m3", 8, 256, 448.0), "fp8_e5m2": ("fp8_e5m2", 8, 256, 57344.0),
+    # the microscaling formats: (kind, bits, block, qmax, scale kind); NVFP4 has no accumulate/reduce_requantize
+    "mxfp4": ("fp4_e2m1", 4, 32, 6.0, "e8m0"), "mxfp8": ("fp8_e4m3", 8, 32, 448.0, "e8m0"),
+    "nvfp4": ("fp4_e2m1", 4, 16, 6.0, "e4m3_tensor"),
 }
+#: op x format pairs the launcher refuses (agoq_core.api: a per-tensor scale cannot be requantized blockwise)
+REFUSED = {("accumulate", "nvfp4"), ("reduce_requantize", "nvfp4")}
 DTYPES = {"float32": ("*fp32", 0), "bfloat16": ("*i16", 1), "float16": ("*fp16", 2)}
 OPS = ("quantize", "dequantize", "accumulate", "reduce_requantize")
 ROWS = 8  # a typical planner choice (the IR does not depend on it beyond shapes)
@@ -78,8 +83,8 @@ def launch_constexprs(fmt: str, ragged: bool) -> dict:
     NF4_LUT False, contig_pack True; backends/ascend/tests/test_ascend_contiguous_packing.py checks them)."""
     from agoq_triton_kernels.layout import format_constexprs
 
-    kind, bits, block, qmax = FORMATS[fmt]
-    c = format_constexprs(kind=kind, bits=bits, block=block, qmax=qmax)
+    kind, bits, block, qmax, *scale = FORMATS[fmt]
+    c = format_constexprs(kind=kind, bits=bits, block=block, qmax=qmax, scale_kind=scale[0] if scale else "absmax")
     c.update(BLOCK_P=max(32, c["BLOCK_P"]), ROWS=1 if ragged else ROWS, RAGGED=ragged, HW=False, NF4_LUT=False,
              CONTIG=True)
     return c
@@ -92,6 +97,8 @@ def _variant_args(op: str, fmt: str, dtype: str, ragged: bool):
     if op == "quantize":
         sig = {"x_ptr": ptr, "codes_ptr": "*i8", "scales_ptr": "*fp32", **sizes}
         c.update(X_FLOAT=fk, elut_ptr=None, NF4_LUT=False)
+        if c.get("SCALE") == 2:  # NVFP4: [S, RN(1/S)] from Launcher.tensor_scale
+            sig["ts_ptr"] = "*fp32"
     elif op == "dequantize":
         sig = {"codes_ptr": "*i8", "scales_ptr": "*fp32", "lut_ptr": "*fp32", "out_ptr": ptr, **sizes}
         c.update(OUT_FLOAT=fk, NF4_LUT=False)
@@ -146,15 +153,31 @@ def strided_gm_views(linalg_text: str) -> list[str]:
             if m.group(2).split(",")[-1].strip() != "1"]
 
 
-def _compile(triton, op, fmt, dtype, ragged, adapter, keep, bishengir):
+def nvfp4_scale_variants(dtypes) -> list[tuple[str, str, dict, dict]]:
+    """(name, kernel, signature, constexprs) of NVFP4's tensor-scale pass as the shared launcher runs it on
+    agoq-ascend (Launcher.tensor_scale): absmax_kernel per I/O dtype, whole and ragged, then the one-program
+    tensor_scale_kernel (division-free: no arith.divf may appear)."""
+    out = []
+    for dtype, ragged in itertools.product(dtypes, (False, True)):
+        ptr, fk = DTYPES[dtype]
+        sig = {"x_ptr": ptr, "part_ptr": "*fp32", "n": "i32", "n_blocks": "i32", "n_tiles": "i32"}
+        c = dict(BLOCK=16, BLOCK_P=32, ROWS=1 if ragged else ROWS, RAGGED=ragged, X_FLOAT=fk)
+        out.append((f"absmax-nvfp4-{dtype}-{'ragged' if ragged else 'whole'}", "absmax_kernel",
+                    {**sig, **{k: "constexpr" for k in c}}, c))
+    c = dict(DIVISOR=448.0 * 6.0, MIN_SCALE=2.0 ** -100, BLOCK_P=1024)
+    out.append(("tensor_scale-nvfp4-float32-whole", "tensor_scale_kernel",
+                {"part_ptr": "*fp32", "n_parts": "i32", "out_ptr": "*fp32", **{k: "constexpr" for k in c}}, c))
+    return out
+
+
+def _compile(triton, name, kernel, sig, consts, adapter, keep, bishengir):
     from triton._C.libtriton import ir
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import ASTSource, make_backend
 
     from agoq_triton_kernels import kernels as K
 
-    fn = getattr(K, f"{op}_kernel")
-    sig, consts = _variant_args(op, fmt, dtype, ragged)
+    fn = getattr(K, kernel)
     target = GPUTarget("npu", "Ascend910B3", 0)
     backend = make_backend(target)
     options = backend.parse_options({"multibuffer": True, "enable_fp_fusion": False})
@@ -168,12 +191,11 @@ def _compile(triton, op, fmt, dtype, ragged, adapter, keep, bishengir):
     backend.add_stages(stages, options)
     ttir = stages["ttir"](mod, metadata)
     ttir_text = str(ttir)
-    name = f"{op}-{fmt}-{dtype}-{'ragged' if ragged else 'whole'}"
     problems = []
     for what, pat in _FORBIDDEN.items():
         if pat.search(ttir_text):
             problems.append(f"Triton IR contains {what}")
-    if op == "reduce_requantize" and not re.search(r"arith\.muli [^\n]*: i64", ttir_text):
+    if kernel == "reduce_requantize_kernel" and not re.search(r"arith\.muli [^\n]*: i64", ttir_text):
         problems.append("the rank offset r * codes_stride is not computed in int64 (it passes 2**31 for big chunks)")
     with tempfile.TemporaryDirectory() as tmp:
         src_path = Path(tmp) / "kernel.ttir.mlir"
@@ -214,7 +236,7 @@ def _compile(triton, op, fmt, dtype, ragged, adapter, keep, bishengir):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="float32 I/O only (64 variants instead of 160)")
+    ap.add_argument("--quick", action="store_true", help="float32 I/O only (67 variants instead of 167)")
     ap.add_argument("--keep", type=Path, help="write each variant's Triton IR and linalg IR here")
     ap.add_argument("--json", type=Path, help="write the results as JSON here")
     ap.add_argument("--bishengir", action="store_true",
@@ -231,16 +253,20 @@ def main(argv=None) -> int:
     if args.bishengir and not bishengir:
         _die("--bishengir: bishengir-compile is not on PATH (source CANN's set_env.sh)")
     dtypes = ["float32"] if args.quick else list(DTYPES)
-    results, t0 = [], time.time()
+    variants = []
     for op, fmt, dtype, ragged in itertools.product(OPS, FORMATS, dtypes, (False, True)):
-        if op == "reduce_requantize" and dtype != "float32":
-            continue  # its inputs are codes; no float I/O dtype
-        name = f"{op}-{fmt}-{dtype}-{'ragged' if ragged else 'whole'}"
+        if (op == "reduce_requantize" and dtype != "float32") or (op, fmt) in REFUSED:
+            continue  # reduce_requantize's inputs are codes: no float I/O dtype
+        variants.append((f"{op}-{fmt}-{dtype}-{'ragged' if ragged else 'whole'}", f"{op}_kernel",
+                         *_variant_args(op, fmt, dtype, ragged)))
+    variants += nvfp4_scale_variants(dtypes)
+    results, t0 = [], time.time()
+    for name, kernel, sig, consts in variants:
         if args.k not in name:
             continue
         t = time.time()
         try:
-            name, problems = _compile(triton, op, fmt, dtype, ragged, adapter, args.keep,
+            name, problems = _compile(triton, name, kernel, sig, consts, adapter, args.keep,
                                       bishengir if args.bishengir else None)
         except Exception as e:  # noqa: BLE001  (a frontend rejection is a result, not a crash)
             problems = [f"frontend error: {type(e).__name__}: {str(e)[-1500:]}"]

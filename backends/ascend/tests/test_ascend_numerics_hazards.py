@@ -77,6 +77,33 @@ def test_the_inexact_division_is_in_effect():
     assert seen["divisions"] == 1 and not torch.equal(o, a / b)
 
 
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8", "nvfp4"])
+def test_microscaling_codes_execute_no_division_and_survive_contraction(interp_backend, fmt):
+    """The microscaling formats agoq-ascend claims: MX scales are powers of two; NVFP4's tensor scale
+    (tensor_scale_kernel) and its per-block RN(RN(amax / 6) / S) and RN(RN(1/S) / s_b) are division-free
+    (codes.exact_div). Counted: not one fp32 division executes in a whole quantize (tensor scale included), and
+    the bits stay the reference's with every multiply-add contracted; mxfp4 / mxfp8 accumulate likewise."""
+    spec = get_format(fmt)
+    x = _x(7 * spec.block + 5, seed=13, spread=30)
+    g = _x(x.numel(), seed=14, spread=30)
+    la = interp_backend.launcher
+    want_c, want_s = ref.quantize_blocks(x, spec)
+    with inexact_division("up") as seen:
+        c, s = _quantize(la, x, spec)
+        if not spec.tensor_scaled:
+            c2, s2 = c.clone(), s.clone()
+            la.accumulate(c2, s2, spec, g)
+    assert seen["divisions"] == 0, f"{fmt}: {seen['divisions']} fp32 divisions executed on the portable path"
+    assert torch.equal(c, want_c) and _same(s, want_s), fmt
+    if not spec.tensor_scaled:
+        acc_c, acc_s = ref.accumulate(want_c, want_s, spec, x.numel(), g)
+        assert torch.equal(c2, acc_c) and _same(s2, acc_s), f"{fmt}: accumulate"
+    with contracting_fma() as fused:
+        c, s = _quantize(la, x, spec)
+    assert fused["fused"] > 0 or fmt != "nvfp4"  # exact_div's remainders are multiply-adds
+    assert torch.equal(c, want_c) and _same(s, want_s), f"{fmt} under contraction"
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_quantize_unchanged_by_fma_contraction(interp_backend, fmt):
     """v = x * RN(1/scale) meets the int encoder's (v + 1.5 * 2**23) and FP8/FP4's subnormal adds: with every

@@ -104,6 +104,51 @@ def test_nvfp4_tensor_scale_kernel_matches_reference(dtype, device):
             assert_bits_equal(got.cpu(), want, f"tensor scale n={x.numel()} programs={programs}")
 
 
+def _f32_values(bits) -> torch.Tensor:
+    return torch.tensor(bits, dtype=torch.int32).view(torch.float32)
+
+
+def test_nvfp4_tensor_scale_step_at_its_edges(device):
+    """tensor_scale_kernel (the max of the partials, S = RN(a / 2688), its flush below 2**-100, RN(1/S)) against
+    the reference's torch step for absmax values where the division-free arithmetic could slip: the flush
+    threshold and its neighbours, the smallest and largest fp32, quotients at exponent boundaries, exact
+    multiples of 2688 and random bit patterns over every exponent."""
+    from agoq_core.formats.mx import NVFP4_MIN_TENSOR_SCALE, NVFP4_SCALE_DIVISOR, nvfp4_tensor_scale_from_absmax
+    from agoq_triton_kernels.launch import _scale_and_inverse
+
+    spec = get_format("nvfp4")
+    t = torch.tensor(NVFP4_SCALE_DIVISOR * NVFP4_MIN_TENSOR_SCALE, dtype=torch.float32).view(torch.int32).item()
+    edges = [0x00800000, 0x00800001, t - 1, t, t + 1, 0x7F7FFFFF, 0x7F7FFFFE, 0x3F800000]
+    edges += [torch.tensor(v, dtype=torch.float32).view(torch.int32).item()
+              for v in (NVFP4_SCALE_DIVISOR, 2 * NVFP4_SCALE_DIVISOR, 448.0, 6.0, 2.0 ** 64, 2.0 ** -90)]
+    g = torch.Generator().manual_seed(11)
+    edges += torch.randint(0x00800000, 0x7F800000, (40,), generator=g, dtype=torch.int32).tolist()
+    for a in _f32_values(edges):
+        x = torch.zeros(32)
+        x[5] = -a
+        want = _scale_and_inverse(nvfp4_tensor_scale_from_absmax(a))
+        got = launch.LAUNCHER.tensor_scale(spec, x.to(device))
+        assert_bits_equal(got.cpu(), want, f"tensor scale at absmax {a.item()!r}")
+
+
+def test_nvfp4_tensor_scale_step_over_many_partials(device):
+    """More partial maxima than the finishing kernel's tile (several passes of its loop, a ragged last one), the
+    largest at the start, the middle and the very end."""
+    from agoq_core.formats.mx import nvfp4_tensor_scale_from_absmax
+    from agoq_triton_kernels import kernels as K
+    from agoq_triton_kernels.launch import _scale_and_inverse
+
+    g = torch.Generator().manual_seed(3)
+    for n, where in ((2500, 0), (2500, 1234), (2500, 2499), (7, 6)):
+        part = torch.rand(n, generator=g) * 100
+        part[where] = 977.5
+        out = torch.empty(2, device=device)
+        K.tensor_scale_kernel[(1,)](part.to(device), n, out, DIVISOR=2688.0, MIN_SCALE=2.0 ** -100,
+                                    BLOCK_P=min(1024, 1 << (n - 1).bit_length()), enable_fp_fusion=False)
+        want = _scale_and_inverse(nvfp4_tensor_scale_from_absmax(part.amax()))
+        assert_bits_equal(out.cpu(), want, f"{n} partials, max at {where}")
+
+
 def test_bench_absmax_smoke(tmp_path):
     """benchmarks/bench_absmax.py --smoke: the NVFP4 tensor-scale pass at each geometry (one program per tile and a
     persistent grid) finds torch's maximum; the report lists every variant."""

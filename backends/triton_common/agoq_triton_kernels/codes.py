@@ -20,6 +20,7 @@ _QNAN = tl.constexpr(0x7FC00000)
 _SIGN = tl.constexpr(-0x80000000)  # 0x80000000 as an int32
 _MIN_NORMAL_BITS = tl.constexpr(0x00800000)  # 2**-126
 _MIN_NORMAL_F32 = tl.constexpr(1.1754943508222875e-38)  # 2**-126
+_INF_BITS = tl.constexpr(0x7F800000)  # +inf
 
 # 1.5 * 2**23: adding it rounds an fp32 |v| < 2**22 to an integer, half to even (the sum's ulp is 1), and
 # leaves that integer in the low mantissa bits: bits(v + magic) - bits(magic) = round(v). No float->int
@@ -135,6 +136,26 @@ def exact_quotient(a, b, bh, bl, y):
     dn = (((q * _ONE_MINUS_ULP).to(tl.int32, bitcast=True) & _EXP_MASK) - (23 << 23)).to(tl.float32, bitcast=True)
     fixed = tl.where(r > b * (up * 0.5), q + up, tl.where(r < b * (dn * -0.5), q - dn, q))
     return tl.where(q >= _DIV_MIN_Q, fixed, q)
+
+
+@triton.jit
+def exact_div(a, d):
+    """RN(a / d) elementwise without a division, for a that is 0 or a normal >= 0 and d a normal > 0 (fp32,
+    broadcastable): the mantissas' quotient by exact_quotient (in (1/4, 1)), the exponents added on the bits.
+    a == 0 gives +0; a result below 2**-126 is +0 (rounded at 24 bits first: callers must not care about
+    the subnormal range); one that rounds to 2**128 or more is +inf, as IEEE's overflow. Per-row use only: the
+    exponent arithmetic is int32 (scalar code on Ascend's vector unit)."""
+    kd = pow2_scale_to_2_4(d)
+    md = d * kd
+    mdh, mdl = split12(md)
+    abits = a.to(tl.int32, bitcast=True)
+    ma = ((abits & 0x7FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)
+    q = exact_quotient(ma, md, mdh, mdl, recip_2_4(md))
+    qb = q.to(tl.int32, bitcast=True)
+    shift = ((abits >> 23) & 0xFF) - ((d.to(tl.int32, bitcast=True) >> 23) & 0xFF) + 1
+    e = ((qb >> 23) & 0xFF) + shift
+    r = tl.where(e >= 255, _INF_BITS, tl.where(e > 0, qb + (shift << 23), 0)).to(tl.float32, bitcast=True)
+    return tl.where(a == 0.0, 0.0, r)
 
 
 # ---- fp8 <-> fp32 (integer logic; torch's algorithm, measured bit-exact in cpu-feasibility §2c) ----

@@ -48,7 +48,7 @@ from agoq_triton_kernels.codes import (
 )
 from agoq_triton_kernels.mx import mx_quantize_tile
 
-__all__ = ["quantize_kernel", "dequantize_kernel", "accumulate_kernel", "reduce_requantize_kernel", "absmax_kernel",
+__all__ = ["quantize_kernel", "dequantize_kernel", "accumulate_kernel", "reduce_requantize_kernel", "absmax_kernel", "tensor_scale_kernel",
            "quantize_tile", "store_codes", "load_codes", "dequantize_tile"]
 
 
@@ -850,3 +850,25 @@ def absmax_kernel(x_ptr, part_ptr, n, n_blocks, n_tiles, BLOCK: tl.constexpr, BL
         acc = tl.maximum(acc, tl.max(tl.where((ax >= _MIN_NORMAL_F32) & (ax <= _FLT_MAX), ax, 0.0), axis=1))
         t += tl.num_programs(0)
     tl.store(part_ptr + p, tl.max(acc, axis=0))
+
+
+@triton.jit(do_not_specialize=["n_parts"])
+def tensor_scale_kernel(part_ptr, n_parts, out_ptr, DIVISOR: tl.constexpr, MIN_SCALE: tl.constexpr,
+                        BLOCK_P: tl.constexpr):
+    """out = [S, RN(1/S)] from absmax_kernel's partial maxima part[0:n_parts], one program: a = their max,
+    S = RN(a / DIVISOR) (0 below MIN_SCALE), RN(1/S) (0 for S = 0). Division-free (_exact_scale, _exact_recip),
+    so the bits are agoq_core.formats.mx.nvfp4_tensor_scale_from_absmax's on every device whatever its
+    division or multiply-add contraction; replaces about ten small torch launches per NVFP4 quantize.
+    S >= MIN_SCALE = 2**-100 keeps 1/S <= 2**100 normal; a <= FLT_MAX keeps S normal."""
+    offs = tl.arange(0, BLOCK_P)[None, :]
+    acc = tl.zeros((1, BLOCK_P), dtype=tl.float32)
+    i = 0
+    while i < n_parts:
+        acc = tl.maximum(acc, tl.load(part_ptr + i + offs, mask=i + offs < n_parts, other=0.0))
+        i += BLOCK_P
+    s = _exact_scale(tl.max(acc, axis=1), DIVISOR)
+    s = tl.where(s < MIN_SCALE, 0.0, s)
+    k, rb = _exact_recip(tl.where(s > 0.0, s, 1.0))
+    one = tl.arange(0, 1)
+    tl.store(out_ptr + one, s)
+    tl.store(out_ptr + 1 + one, tl.where(s > 0.0, rb * k, 0.0))

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol
 
 import torch
+import triton
 
 from agoq_triton_kernels import kernels as K
 from agoq_triton_kernels.buffers import check_codec_buffers, float_view
@@ -566,27 +567,31 @@ class Launcher:
 
     def tensor_scale(self, spec, x: torch.Tensor, *, programs: int | None = None) -> torch.Tensor | None:
         """NVFP4's [S, RN(1/S)] for ``x`` (None for other formats), bit-identical to the reference: one pass of
-        absmax_kernel over x (per-program partial maxima, then their max with torch), then the reference's
-        nvfp4_tensor_scale_from_absmax. No host sync."""
+        absmax_kernel over x (per-program partial maxima), then tensor_scale_kernel (their max, the scale step
+        of nvfp4_tensor_scale_from_absmax and the reciprocal, division-free). Two launches; no host sync."""
         if not getattr(spec, "tensor_scaled", False):
             return None
-        from agoq_core.formats.mx import nvfp4_tensor_scale_from_absmax
-
         n = x.numel()
         if n == 0:
             return _scale_and_inverse(torch.zeros((), dtype=torch.float32, device=x.device))
+        from agoq_core.formats.mx import NVFP4_MIN_TENSOR_SCALE, NVFP4_SCALE_DIVISOR
+
         xv, xk, io = self._float_in(x, "quantize")
         dev, fmt = x.device, spec_constexprs(spec)
-        parts = []
-        for off, m, _, _, ragged in segments(spec, n):
-            la = self.geometry.plan("quantize", spec, m, io, dev, rows=None, programs=programs)
-            part = torch.empty(la.grid, dtype=torch.float32, device=dev)
-            K.absmax_kernel[(la.grid,)](xv[off:off + m], part, m, spec.num_blocks(m), la.n_tiles,
+        launches = [(off, m, ragged, self.geometry.plan("quantize", spec, m, io, dev, rows=None, programs=programs))
+                    for off, m, _, _, ragged in segments(spec, n)]
+        part = torch.empty(sum(la.grid for *_, la in launches), dtype=torch.float32, device=dev)
+        p = 0
+        for off, m, ragged, la in launches:
+            K.absmax_kernel[(la.grid,)](xv[off:off + m], part[p:p + la.grid], m, spec.num_blocks(m), la.n_tiles,
                                         BLOCK=fmt["BLOCK"], BLOCK_P=la.block_p, ROWS=la.rows, RAGGED=ragged,
                                         X_FLOAT=xk, **la.options)
-            parts.append(part)
-        a = parts[0].amax() if len(parts) == 1 else torch.cat(parts).amax()
-        return _scale_and_inverse(nvfp4_tensor_scale_from_absmax(a))
+            p += la.grid
+        out = torch.empty(2, dtype=torch.float32, device=dev)
+        K.tensor_scale_kernel[(1,)](part, p, out, DIVISOR=NVFP4_SCALE_DIVISOR, MIN_SCALE=NVFP4_MIN_TENSOR_SCALE,
+                                    BLOCK_P=min(1024, triton.next_power_of_2(p)), **launches[-1][3].options,
+                                    enable_fp_fusion=False)
+        return out
 
     def plan(self, op: str, spec, n: int, dtype: torch.dtype, device: torch.device, *,
              programs: int | None = None, rows: int | None = None) -> Launch:

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from agoq_core.formats.spec import list_formats
+from agoq_triton_kernels import codes as C
 from agoq_triton_kernels import kernels as K
 from agoq_triton_kernels.testing import contracting_fma, fma32
 
@@ -39,6 +40,12 @@ def _recip_kernel(s_ptr, k_ptr, r_ptr, N: tl.constexpr):
 def _scale_kernel(a_ptr, o_ptr, N: tl.constexpr, QMAX: tl.constexpr):
     i = tl.arange(0, N)
     tl.store(o_ptr + i, K._exact_scale(tl.load(a_ptr + i), QMAX))
+
+
+@triton.jit
+def _div_kernel(a_ptr, d_ptr, o_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(o_ptr + i, C.exact_div(tl.load(a_ptr + i), tl.load(d_ptr + i)))
 
 
 def _interpreted() -> bool:
@@ -284,6 +291,69 @@ def test_scales_exact_including_the_subnormal_boundary(qmax):
     got, want = out.numpy()[: len(amax)], _reference_scale(amax, qmax)
     bad = got.view(i32) != want.view(i32)
     assert not bad.any(), f"qmax={qmax}: scales differ for amax {amax[bad][:4]!r}: {got[bad][:4]!r} != {want[bad][:4]!r}"
+
+
+def _run_div(a: np.ndarray, d: np.ndarray) -> np.ndarray:
+    ap, n = _pad(a, 0.0)
+    dp, _ = _pad(d, 1.0)
+    out = torch.empty(n)
+    _div_kernel[(1,)](torch.from_numpy(ap), torch.from_numpy(dp), out, N=n)
+    return out.numpy()[: len(a)]
+
+
+def _check_div(a, d) -> None:
+    """exact_div against numpy's IEEE fp32 a / d: the same bits wherever that is normal or +inf; +0 where it
+    is below 2**-126 (exact_div's documented flush)."""
+    a, d = np.asarray(a, f32), np.asarray(d, f32)
+    with np.errstate(all="ignore"):
+        want = (a / d).astype(f32)
+    want = np.where(want < f32(2.0 ** -126), f32(0.0), want)
+    got = _run_div(a, d)
+    bad = got.view(i32) != want.view(i32)
+    assert not bad.any(), f"{int(bad.sum())} quotients differ, e.g. {a[bad][:3]!r} / {d[bad][:3]!r}: {got[bad][:3]!r} != {want[bad][:3]!r}"
+
+
+def test_exact_div_over_every_binade_and_its_edges():
+    """codes.exact_div (NVFP4's per-block RN(amax / 6), RN(t / S), RN(RN(1/S) / s_b) on the portable path):
+    random normal a and d over the whole exponent range (overflow to +inf and the flush below 2**-126 both
+    reached), a = 0, quotients next to rounding midpoints (a = d * (1 + (2k + 1) 2**-24) for d in [1, 2),
+    rounded), next to 2**-126 and next to FLT_MAX, and the NVFP4 operands: amax / 6, t / S over the E4M3
+    clamp's range, and RN(1/S) / s_b for every E4M3 value s_b."""
+    rng = np.random.default_rng(17)
+    n = 1 << 13
+
+    def normals(k, lo=-126, hi=127):
+        return (rng.uniform(1.0, 2.0, k) * np.exp2(rng.integers(lo, hi, k).astype(f64))).astype(f32)
+
+    a, d = [normals(n), np.zeros(64, f32)], [normals(n), normals(64)]
+    dm = rng.uniform(1.0, 2.0, 4096).astype(f32)  # midpoints: a = d * q with q one half-ulp off a representable
+    q = (1.0 + (2 * rng.integers(0, 1 << 22, 4096) + 1) * 2.0 ** -24) * np.exp2(rng.integers(-20, 20, 4096))
+    a.append((dm.astype(f64) * q).astype(f32)), d.append(dm)
+    for edge in (2.0 ** -126, 3.4028234663852886e38):  # quotients within a few ulps of the bounds
+        dd = normals(2048, -20, 20)
+        aa = (edge * dd.astype(f64) * (1 + rng.integers(-8, 9, 2048) * 2.0 ** -23)).astype(f32)
+        ok = np.isfinite(aa) & (aa >= f32(2.0 ** -126))
+        a.append(aa[ok]), d.append(dd[ok])
+    amax = normals(2048)
+    a.append(amax), d.append(np.full(2048, 6.0, f32))  # RN(amax / 6)
+    a.append(normals(2048, -20, 40)), d.append(normals(2048, -100, 115))  # t / S
+    e4m3 = torch.arange(1, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float().numpy()
+    e4m3 = e4m3[e4m3 >= 2.0 ** -9]
+    r = (f32(1.0) / normals(len(e4m3) * 8, -100, 115)).astype(f32)  # RN(1/S)
+    a.append(r), d.append(np.tile(e4m3, 8).astype(f32))
+    _check_div(np.concatenate(a), np.concatenate(d))
+
+
+def test_exact_div_unchanged_when_every_multiply_add_is_contracted():
+    rng = np.random.default_rng(18)
+    a = (rng.uniform(1.0, 2.0, 4096) * np.exp2(rng.integers(-60, 60, 4096))).astype(f32)
+    d = (rng.uniform(1.0, 2.0, 4096) * np.exp2(rng.integers(-60, 60, 4096))).astype(f32)
+    plain = _run_div(a, d)
+    with contracting_fma() as seen:
+        fused = _run_div(a, d)
+    assert seen["fused"] > 0, "the FMA emulation fused nothing: it does not test anything"
+    assert np.array_equal(plain.view(i32), fused.view(i32))
+    _check_div(a, d)
 
 
 def test_fma32_is_a_single_rounding():
