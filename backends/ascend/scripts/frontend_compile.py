@@ -4,9 +4,10 @@ Runs in a venv with ``triton-ascend`` (NOT upstream triton; see frontend_compile
 
     python backends/ascend/scripts/frontend_compile.py [--quick] [--keep DIR] [--json OUT]
 
-For each kernel (quantize, dequantize, accumulate, reduce_requantize) x format x I/O dtype x launch kind
-(whole blocks / ragged last block) with the constexprs agoq-ascend launches (HW=False, NF4_LUT=False,
-Ascend tile geometry), it runs:
+For each kernel (quantize, dequantize, accumulate, reduce_requantize) x format (the microscaling ones
+included; nvfp4 has no accumulate / reduce_requantize) x I/O dtype x launch kind (whole blocks / ragged last
+block) with the constexprs agoq-ascend launches (HW=False, NF4_LUT=False, Ascend tile geometry), and for
+NVFP4's tensor-scale pass (absmax_kernel, tensor_scale_kernel), it runs:
 
 1. Triton-Ascend's Python frontend: the kernel source -> Triton IR (``make_ir``), then its TTIR passes
    (``make_ttir``: inliner, combine, canonicalize, CSE, LICM, loop unroll);
@@ -236,7 +237,7 @@ def _compile(triton, name, kernel, sig, consts, adapter, keep, bishengir):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="float32 I/O only (67 variants instead of 167)")
+    ap.add_argument("--quick", action="store_true", help="float32 I/O only (87 variants instead of 219)")
     ap.add_argument("--keep", type=Path, help="write each variant's Triton IR and linalg IR here")
     ap.add_argument("--json", type=Path, help="write the results as JSON here")
     ap.add_argument("--bishengir", action="store_true",
