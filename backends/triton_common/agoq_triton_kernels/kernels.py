@@ -44,12 +44,13 @@ from triton.language.extra import libdevice
 
 from agoq_triton_kernels.codes import (
     _ABS_MASK, _EXP_MASK, _MIN_NORMAL_BITS, _MIN_NORMAL_F32, _QNAN, _SIGN, bf16_bits_to_f32, bucket_encode,
-    decode, encode, exact_quotient, f32_to_bf16_bits, finite_scale, pow2_scale_to_2_4, recip_2_4, split12, zero_code,
+    decode, encode, exact_div, exact_quotient, f32_to_bf16_bits, finite_scale, pow2_scale_to_2_4, recip_2_4, split12,
+    zero_code,
 )
 from agoq_triton_kernels.mx import mx_quantize_tile
 
-__all__ = ["quantize_kernel", "dequantize_kernel", "accumulate_kernel", "reduce_requantize_kernel", "absmax_kernel", "tensor_scale_kernel",
-           "quantize_tile", "store_codes", "load_codes", "dequantize_tile"]
+__all__ = ["quantize_kernel", "dequantize_kernel", "accumulate_kernel", "reduce_requantize_kernel", "absmax_kernel",
+           "tensor_scale_kernel", "quantize_tile", "store_codes", "load_codes", "dequantize_tile"]
 
 
 # ---- loads and stores of float tiles --------------------------------------------------------------------
@@ -160,24 +161,11 @@ def _encode_tile(v, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.c
 
 @triton.jit
 def _exact_scale(amax, QMAX: tl.constexpr):
-    """RN(amax / QMAX) per row without a division (codes.exact_quotient on the normalised mantissas),
-    0 where the result is below 2**-126. amax >= 0 finite (other rows get garbage the caller drops).
-
-    amax = ma 2**(ea-127) with ma in [1, 2); QMAX = mq 2**(eq-128) with mq in [2, 4); the quotient of the
-    mantissas is correctly rounded in (1/4, 1) and the exponents are added on the bits. Rounding at 24 bits
-    before the subnormal check equals IEEE's rounding followed by it for every qmax of the registry (a
-    quotient would have to fall within 2**-150 below 2**-126; test_exact_division checks the boundary)."""
-    qv = tl.zeros_like(amax) + QMAX
-    kq = pow2_scale_to_2_4(qv)
-    mq = qv * kq
-    mqh, mql = split12(mq)
-    bits = amax.to(tl.int32, bitcast=True)
-    ma = ((bits & 0x7FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)
-    q = exact_quotient(ma, mq, mqh, mql, recip_2_4(mq))
-    qb = q.to(tl.int32, bitcast=True)
-    shift = ((bits >> 23) & 0xFF) - ((qv.to(tl.int32, bitcast=True) >> 23) & 0xFF) + 1
-    e = ((qb >> 23) & 0xFF) + shift
-    return tl.where(e > 0, (qb + (shift << 23)).to(tl.float32, bitcast=True), 0.0)
+    """RN(amax / QMAX) per row without a division (codes.exact_div), 0 where the result is below 2**-126.
+    amax >= 0 finite (other rows get garbage the caller drops). Rounding at 24 bits before the subnormal check
+    equals IEEE's rounding followed by it for every qmax of the registry (a quotient would have to fall within
+    2**-150 below 2**-126; test_exact_division checks the boundary)."""
+    return exact_div(amax, tl.zeros_like(amax) + QMAX)
 
 
 @triton.jit
