@@ -135,12 +135,14 @@ def _accumulate_and_reduce(la, spec, seed):
     return (c, s, co, so), (*want_acc, *want_red)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", FORMATS + ["mxfp4", "mxfp8"])
 def test_accumulate_and_reduce_unchanged_by_fma_contraction(interp_backend, fmt):
     spec = get_format(fmt)
     with contracting_fma() as seen:
         got, want = _accumulate_and_reduce(interp_backend.launcher, spec, seed=5)
-    assert seen["fused"] > 0
+    # mxfp8 offers the emulation nothing to fuse: the decoded product is materialised, the requantize scale is a
+    # power of two and the FP8 encode is integer logic; every other format has some multiply-add
+    assert seen["fused"] > 0 or fmt == "mxfp8"
     assert torch.equal(got[0], want[0]) and _same(got[1], want[1]), f"{fmt}: accumulate"
     assert torch.equal(got[2], want[2]) and _same(got[3], want[3]), f"{fmt}: reduce_requantize"
 
