@@ -2,7 +2,8 @@
 # Set up (if needed) and run every test CI runs, on CPU:
 #   1. core, plugin and conformance tests against the reference backend;
 #   2. the conformance suite against each plugin: cpu (compiled C++ codecs), and the Triton kernels of
-#      cuda and ascend under TRITON_INTERPRET=1.
+#      cuda and ascend under TRITON_INTERPRET=1;
+#   3. the real Triton-Ascend compiler frontend on the Ascend kernel variants (its own venv, ~30 s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -22,3 +23,16 @@ for b in cpu cuda ascend; do
     AGOQ_BACKEND=$b AGOQ_ASCEND_INTERPRET=1 "${PYTEST[@]}" conformance_tests --agoq-backend "$b"
   fi
 done
+# The Triton-Ascend frontend on every float32 kernel variant (no NPU needed): Triton IR -> linalg/HIVM, failing on
+# a rejected kernel, a discrete-mask fallback, a division, FP8 types or a strided global-memory access
+# (docs/backends/ascend.md §9). Its own venv (.venv-triton-ascend): triton-ascend replaces `triton`, and its wheels
+# exist for Python 3.9-3.11 only.
+if [ -f backends/ascend/scripts/frontend_compile.sh ]; then
+  if command -v python3.11 >/dev/null || command -v python3.10 >/dev/null || command -v python3.9 >/dev/null \
+     || python3 -c 'import sys; sys.exit(not (3, 9) <= sys.version_info[:2] <= (3, 11))'; then
+    echo "== Triton-Ascend frontend (no NPU): every float32 kernel variant =="
+    bash backends/ascend/scripts/frontend_compile.sh --quick
+  else
+    echo "== Triton-Ascend frontend: SKIPPED: no Python 3.9-3.11 here (triton-ascend ships no other wheels) =="
+  fi
+fi
