@@ -48,8 +48,9 @@ def _signature(op: str, spec, lut: bool) -> dict:
     raise ValueError(f"unknown op {op!r}; known: quantize, dequantize, accumulate, reduce_requantize")
 
 
-def compile_codec(op: str, fmt: str, arch: int = 90, nf4_lut: bool = True) -> dict:
-    """Compile ``op`` for ``fmt`` as agoq-cuda would launch it on an H200 and count its SASS."""
+def compile_codec(op: str, fmt: str, arch: int = 90, nf4_lut: bool = True, hw: bool = True) -> dict:
+    """Compile ``op`` for ``fmt`` as agoq-cuda would launch it on an H200 and count its SASS (``hw=False``: the
+    portable arithmetic, as on a GPU older than sm_89 or with hw=False asked for)."""
     import torch
 
     from agoq_core.formats.spec import get_format
@@ -62,7 +63,7 @@ def compile_codec(op: str, fmt: str, arch: int = 90, nf4_lut: bool = True) -> di
                           scale_kind=spec.scale_kind)
     la = CudaGeometry().plan(op, spec, 1 << 30, torch.bfloat16, torch.device("cuda"), rows=None, programs=132)
     lut = spec.kind == "nf4" and nf4_lut
-    c.update(ROWS=la.rows, BLOCK_P=la.block_p, RAGGED=False, HW=True, NF4_LUT=lut)
+    c.update(ROWS=la.rows, BLOCK_P=la.block_p, RAGGED=False, HW=hw, NF4_LUT=lut)
     fn = {"quantize": K.quantize_kernel, "dequantize": K.dequantize_kernel, "accumulate": K.accumulate_kernel,
           "reduce_requantize": K.reduce_requantize_kernel}[op]
     sig = _signature(op, spec, lut)
@@ -79,7 +80,7 @@ def compile_codec(op: str, fmt: str, arch: int = 90, nf4_lut: bool = True) -> di
         if sig.get(k) == "constexpr":
             c[k] = None
     c = {k: v for k, v in c.items() if k in fn.arg_names}
-    rec = {"op": op, "fmt": fmt, "rows": la.rows}
+    rec = {"op": op, "fmt": fmt, "rows": la.rows, "hw": hw}
     return _compile_and_count(fn, sig, c, la.options["num_warps"], la.rows * spec.block, arch, rec)
 
 

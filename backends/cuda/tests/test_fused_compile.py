@@ -67,3 +67,30 @@ def test_fused_register_caps_spill_nothing_and_are_needed():
     for capped, free in zip(recs[::2], recs[1::2]):
         assert capped["registers"] <= capped["cap"] and capped["spills"] == 0, capped
         assert free["registers"] > capped["cap"], free
+
+
+def test_microscaling_kernels_compile_for_sm90_with_and_without_hw():
+    """mx_quantize_tile's two paths (HW: div.rn and mul.rn; portable: codes.exact_div and the sign OR), and NVFP4's
+    tensor-scale pass (absmax_kernel, tensor_scale_kernel), through Triton's real NVIDIA pipeline: the
+    interpreter the bit tests run in accepts programs the compiler rejects. Nothing spills."""
+    pytest.importorskip("triton.backends.nvidia")
+    code = """
+import json
+from agoq_cuda import codec_isa as ci
+from agoq_triton_kernels import kernels as K
+recs = [ci.compile_codec("quantize", f, hw=hw) for f in ("nvfp4", "mxfp4", "mxfp8") for hw in (True, False)]
+recs.append(ci._compile_and_count(K.tensor_scale_kernel, {"part_ptr": "*fp32", "n_parts": "i32", "out_ptr": "*fp32"},
+                                  dict(DIVISOR=2688.0, MIN_SCALE=2.0 ** -100, BLOCK_P=1024), 4, 1, 90,
+                                  {"op": "tensor_scale", "fmt": "nvfp4"}))
+recs.append(ci._compile_and_count(K.absmax_kernel, {"x_ptr": "*i16", "part_ptr": "*fp32", "n": "i32", "n_blocks": "i32",
+                                  "n_tiles": "i32"}, dict(BLOCK=16, BLOCK_P=16, ROWS=128, RAGGED=False, X_FLOAT=1), 4,
+                                  2048, 90, {"op": "absmax", "fmt": "nvfp4"}))
+print(json.dumps([{k: v for k, v in r.items() if not k.startswith("_")} for r in recs]))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [(x["op"], x["fmt"]) for x in recs][-2:] == [("tensor_scale", "nvfp4"), ("absmax", "nvfp4")]
+    assert len(recs) == 8 and all(x["ptx_lines"] > 0 for x in recs)
+    assert all(x.get("local_memory_ops", 0) == 0 for x in recs), [x["op"] for x in recs if x.get("local_memory_ops")]
