@@ -162,9 +162,11 @@ def nvfp4_scale_variants(dtypes) -> list[tuple[str, str, dict, dict]]:
     for dtype, ragged in itertools.product(dtypes, (False, True)):
         ptr, fk = DTYPES[dtype]
         sig = {"x_ptr": ptr, "part_ptr": "*fp32", "n": "i32", "n_blocks": "i32", "n_tiles": "i32"}
-        c = dict(BLOCK=16, BLOCK_P=32, ROWS=1 if ragged else ROWS, RAGGED=ragged, X_FLOAT=fk)
+        c = {k: launch_constexprs("nvfp4", ragged)[k] for k in ("BLOCK", "BLOCK_P", "ROWS", "RAGGED")}
+        c["X_FLOAT"] = fk
         out.append((f"absmax-nvfp4-{dtype}-{'ragged' if ragged else 'whole'}", "absmax_kernel",
                     {**sig, **{k: "constexpr" for k in c}}, c))
+    # agoq_core.formats.mx's NVFP4_SCALE_DIVISOR / NVFP4_MIN_TENSOR_SCALE (not importable here: that venv has no torch)
     c = dict(DIVISOR=448.0 * 6.0, MIN_SCALE=2.0 ** -100, BLOCK_P=1024)
     out.append(("tensor_scale-nvfp4-float32-whole", "tensor_scale_kernel",
                 {"part_ptr": "*fp32", "n_parts": "i32", "out_ptr": "*fp32", **{k: "constexpr" for k in c}}, c))

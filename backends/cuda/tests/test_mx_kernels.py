@@ -84,7 +84,8 @@ def test_nvfp4_refuses_blockwise_requantize(device):
 def test_nvfp4_tensor_scale_kernel_matches_reference(dtype, device):
     """The launcher's one-pass absmax kernel gives the reference's [S, RN(1/S)] bit for bit: NaN, +-Inf and
     subnormals skipped, ragged tails, several pieces and programs (partial maxima), all-special tensors."""
-    from agoq_triton_kernels.launch import _tensor_scale
+    from agoq_core.formats.mx import nvfp4_tensor_scale
+    from agoq_triton_kernels.launch import _scale_and_inverse
 
     spec = get_format("nvfp4")
     g = torch.Generator().manual_seed(7)
@@ -98,7 +99,7 @@ def test_nvfp4_tensor_scale_kernel_matches_reference(dtype, device):
     xs += [big, torch.full((40,), float("nan")), torch.full((33,), 1e-40), torch.zeros(5)]
     for x in xs:
         x = x.to(dtype)
-        want = _tensor_scale(spec, x)  # the reference's torch computation
+        want = _scale_and_inverse(nvfp4_tensor_scale(x))  # the reference's torch computation
         for programs in (None, 1, 3):
             got = launch.LAUNCHER.tensor_scale(spec, x.to(device), programs=programs)
             assert_bits_equal(got.cpu(), want, f"tensor scale n={x.numel()} programs={programs}")
@@ -134,7 +135,7 @@ def test_nvfp4_tensor_scale_step_at_its_edges(device):
 def test_nvfp4_tensor_scale_step_over_many_partials(device):
     """More partial maxima than the finishing kernel's tile (several passes of its loop, a ragged last one), the
     largest at the start, the middle and the very end."""
-    from agoq_core.formats.mx import nvfp4_tensor_scale_from_absmax
+    from agoq_core.formats.mx import NVFP4_MIN_TENSOR_SCALE, NVFP4_SCALE_DIVISOR, nvfp4_tensor_scale_from_absmax
     from agoq_triton_kernels import kernels as K
     from agoq_triton_kernels.launch import _scale_and_inverse
 
@@ -143,7 +144,7 @@ def test_nvfp4_tensor_scale_step_over_many_partials(device):
         part = torch.rand(n, generator=g) * 100
         part[where] = 977.5
         out = torch.empty(2, device=device)
-        K.tensor_scale_kernel[(1,)](part.to(device), n, out, DIVISOR=2688.0, MIN_SCALE=2.0 ** -100,
+        K.tensor_scale_kernel[(1,)](part.to(device), n, out, DIVISOR=NVFP4_SCALE_DIVISOR, MIN_SCALE=NVFP4_MIN_TENSOR_SCALE,
                                     BLOCK_P=min(1024, 1 << (n - 1).bit_length()), enable_fp_fusion=False)
         want = _scale_and_inverse(nvfp4_tensor_scale_from_absmax(part.amax()))
         assert_bits_equal(out.cpu(), want, f"{n} partials, max at {where}")

@@ -118,18 +118,6 @@ class LaunchGeometry(Protocol):
         ``programs`` are test/tuning overrides."""
 
 
-def _tensor_scale(spec, x: torch.Tensor) -> torch.Tensor | None:
-    """NVFP4's [S, RN(1/S)] (fp32, on x's device; no host sync) computed with torch: S from the reference's one
-    copy (agoq_core.formats.mx.nvfp4_tensor_scale). Launcher.tensor_scale gives the same bits with one
-    kernel pass over x (this torch version reads x about ten times: the 2026-12-01 H200 run's nvfp4 quantize
-    at 4% of copy bandwidth was this function)."""
-    if not getattr(spec, "tensor_scaled", False):
-        return None
-    from agoq_core.formats.mx import nvfp4_tensor_scale
-
-    return _scale_and_inverse(nvfp4_tensor_scale(x))
-
-
 def _scale_and_inverse(s: torch.Tensor) -> torch.Tensor:
     """[S, RN(1/S)] (1/S with torch's correctly rounded fp32 division; 0 -> 0)."""
     inv = torch.where(s == 0, torch.zeros_like(s), torch.ones_like(s) / torch.where(s == 0, torch.ones_like(s), s))
@@ -588,8 +576,9 @@ class Launcher:
                                         X_FLOAT=xk, **la.options)
             p += la.grid
         out = torch.empty(2, dtype=torch.float32, device=dev)
+        last = launches[-1][-1]
         K.tensor_scale_kernel[(1,)](part, p, out, DIVISOR=NVFP4_SCALE_DIVISOR, MIN_SCALE=NVFP4_MIN_TENSOR_SCALE,
-                                    BLOCK_P=min(1024, triton.next_power_of_2(p)), **launches[-1][3].options,
+                                    BLOCK_P=min(1024, triton.next_power_of_2(p)), **last.options,
                                     enable_fp_fusion=False)
         return out
 
