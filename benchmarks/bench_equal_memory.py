@@ -33,6 +33,8 @@ Configurations (``--configs``; ``-c`` = every decoder layer torch.compile'd, as 
   policy-fp8-c      the same with float8 Linears in every layer the plan does not give to LAAQ (GPU only)
   policy-m-fp8-qg   policy-m-fp8 with QuanGrad: gradients stored in FP8 (QuanGradDDP on one process, no master
                     weights, the same AdamW8bit stepped bucket by bucket), planned with QuanGrad's gradient bytes
+  policy-m-fp8-auto policy-m-fp8 with the gradient storage chosen by the planner too (plan_budget(grads="auto"):
+                    QuanGrad's FP8 buffers where that plan is predicted faster, else bf16 .grad)
   policy-m          the policy planned from *measured* per-layer costs (benchmarks/bench_layer_profile.py, run
                     first in the same session: bytes and ms of one layer per option, compiled options included:
                     bf16-c, sac-c, laaq-c:nf4, ...), applied with apply_policy (compiling the -c layers); at a
@@ -68,9 +70,9 @@ K = 1024
 
 ALL_CONFIGS = ("plain", "plain-c", "ckpt", "ckpt-c", "ckpt-ce", "ckpt-ce-c", "partial", "partial-c", "sac", "sac-c",
                "offload", "liger", "fp8-c", "laaq", "laaq-c", "laaq-hf", "laaq-hf-c", "laaq-fp8-c", "laaq-liger", "qckpt", "qckpt-c", "policy",
-               "policy-c", "policy-fp8-c", "policy-m", "policy-m-fp8", "policy-m-fp8-qg", "fp8-ce-c")
+               "policy-c", "policy-fp8-c", "policy-m", "policy-m-fp8", "policy-m-fp8-qg", "policy-m-fp8-auto", "fp8-ce-c")
 AGOQ = ("laaq", "laaq-c", "laaq-hf", "laaq-hf-c", "laaq-fp8-c", "laaq-liger", "qckpt", "qckpt-c", "policy", "policy-c", "policy-fp8-c",
-        "policy-m", "policy-m-fp8", "policy-m-fp8-qg")
+        "policy-m", "policy-m-fp8", "policy-m-fp8-qg", "policy-m-fp8-auto")
 #: The longest-sequence pair (issue 18's third goal): the alternative that reaches furthest -- full checkpointing,
 #: compiled, with the chunked linear cross-entropy (no logits: as Liger's fused linear CE; the bench's ``ckpt``
 #: keeps HF's fp32 logits, which alone need 4 x T x vocab bytes) -- against AGoQ's longest reach, every layer
@@ -283,7 +285,7 @@ def _profile(cell, device) -> str:
     return "H200"
 
 
-def _plan(cell, model, seq, options, loss, device, measured=None, headroom=0.02, quangrad=False):
+def _plan(cell, model, seq, options, loss, device, measured=None, headroom=0.02, quangrad=False, grads=None):
     from agoq_core.planner.budget import BUDGET_STATIC, plan_budget
 
     import torch
@@ -291,7 +293,7 @@ def _plan(cell, model, seq, options, loss, device, measured=None, headroom=0.02,
     from agoq_core.planner.errors import BudgetError
 
     kw = dict(seq_len=seq, batch=cell.get("batch", 1), options=options, loss=loss, device=_profile(cell, device),
-              measured=measured, headroom=headroom)
+              measured=measured, headroom=headroom, grads=grads)
     if quangrad:  # gradients in QuanGrad's FP8 buffers instead of bf16 .grad
         import dataclasses
 
@@ -336,7 +338,7 @@ def _plan_desc(plan) -> dict:
     return dict(mix=plan.mix, choices=list(plan.choices), predicted_peak_bytes=plan.peak_bytes,
                 predicted_parts=d["peak_parts"], budget_bytes=plan.budget_bytes,
                 predicted_step_s=plan.step_time_s, predicted_tokens_per_s=plan.tokens_per_s,
-                planner_profile=plan.device)
+                predicted_time_parts=d["time_parts"], planner_profile=plan.device)
 
 
 class _FakeOOM(Exception):
@@ -418,7 +420,7 @@ def _setup(model, config, seq, cell, device, state):
             "analytic (fallback after 2 measured-cost plans ran out of memory)" if state.get("analytic") else "analytic"))
         apply_policy(model, plan, compile_backend=be)
         return plan.loss, desc
-    elif base in ("policy-m-fp8", "policy-m-fp8-qg"):  # float8 Linears, LAAQ with float8 GEMMs, fp8-* costs
+    elif base in ("policy-m-fp8", "policy-m-fp8-qg", "policy-m-fp8-auto"):  # float8 Linears, LAAQ with float8 GEMMs
         from agoq_core.laaq.policy import apply_policy, float8_plan_options
 
         at, scaled = _costs_at(cell, model, seq)
@@ -430,9 +432,9 @@ def _setup(model, config, seq, cell, device, state):
                              f"fp8-..., e.g. fp8-laaq-c:nf4, fp8-sac-c) at {seq} tokens; --layer-costs has none")
         headroom = state.setdefault("headroom", POLICY_HEADROOM[0])
         qg = base.endswith("-qg")
-        state["quangrad"] = qg
         plan = _plan(cell, model, seq, ",".join(measured), POLICY_M_LOSS, device, measured=measured, headroom=headroom,
-                     quangrad=qg)
+                     quangrad=qg, grads="auto" if base.endswith("-auto") else None)
+        qg = state["quangrad"] = plan.grads == "quangrad"
         desc["headroom"] = headroom
         desc.update(_plan_desc(plan), costs="measured float8 (bench_layer_profile fp8-*)", quangrad=qg)
         apply_policy(model, plan, compile_backend=be, float8=True if device.type == "cuda" else _emulated_float8())
@@ -743,7 +745,8 @@ def run_cell(cell):
                 elif base in ("liger", "fp8", "fp8-ce") and len(state.get("chain", [])) > 1:
                     state["chain"].pop(0)
                     retry = True
-                elif base in ("policy", "policy-fp8", "policy-m", "policy-m-fp8", "policy-m-fp8-qg") and res.get("predicted_peak_bytes"):
+                elif base in ("policy", "policy-fp8", "policy-m", "policy-m-fp8", "policy-m-fp8-qg", "policy-m-fp8-auto") \
+                        and res.get("predicted_peak_bytes"):
                     late = sum((res.get("predicted_parts") or {}).get(k, 0) for k in ("grads", "optimizer"))
                     retry = _policy_retry(state, res, late)
             results.append(res)

@@ -124,12 +124,13 @@ def _run_budget(args: argparse.Namespace) -> int:
         raise PlannerError("--float8 plans from measured float8 per-layer costs: give --layer-costs (a "
                            "bench_layer_profile report with fp8-* methods at --seq-len)")
     # a single-GPU user's state: bf16 gradients unless --grads says otherwise (quangrad: QuanGrad's FP8 buffers)
-    static = dataclasses.replace(BUDGET_STATIC, grads=args.grads or BUDGET_STATIC.grads, optimizer=args.optimizer,
-                                 param_bytes=args.param_bytes)
+    # (auto: QuanGrad's FP8 buffers where that plan is predicted faster)
+    static = dataclasses.replace(BUDGET_STATIC, optimizer=args.optimizer, param_bytes=args.param_bytes)
     plan = plan_budget(model, budget=args.budget, seq_len=args.seq_len,
                        batch=args.microbatch_size, device=args.device or "H200",
                        options=options, loss=args.loss or "chunked", measured=measured,
-                       headroom=args.headroom if args.headroom is not None else 0.02, static=static)
+                       headroom=args.headroom if args.headroom is not None else 0.02, static=static,
+                       grads=args.grads or BUDGET_STATIC.grads)
     print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.render())
     return 0
 
@@ -140,6 +141,9 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.budget:
         return _run_budget(args)
+    if args.grads == "auto":
+        raise PlannerError("--grads auto chooses the gradient storage of a memory-budget plan: give --budget (e.g. "
+                           "--budget 80GiB --model llama2-7b --seq-len 32768), or name the storage")
     given = [f"--{k.replace('_', '-')}" for k in ("device", "options", "loss", "headroom", "layer_costs")
              if getattr(args, k) is not None] + (["--float8"] if args.float8 else [])
     if given:
@@ -227,8 +231,9 @@ def register(p: argparse.ArgumentParser) -> None:
                    help="where LAAQ measures a 2-layer model of the shape [cpu]; use the training device "
                         "(e.g. cuda) when its attention kernel keeps other tensors")
     p.add_argument("--param-bytes", type=positive_int, default=2, help="bytes per weight (2 = bf16, 4 = fp32) [2]")
-    p.add_argument("--grads", default=None, choices=("quangrad", "bf16", "fp32"),
-                   help="gradient storage [quangrad; with --budget: bf16, a single-GPU user's .grad]")
+    p.add_argument("--grads", default=None, choices=("quangrad", "bf16", "fp32", "auto"),
+                   help="gradient storage [quangrad; with --budget: bf16, a single-GPU user's .grad]; auto (with "
+                        "--budget only): QuanGrad's FP8 buffers where that plan is predicted faster, else bf16")
     p.add_argument("--optimizer", default="adam8bit", choices=("adam", "adam8bit", "sgd", "none"), help="optimizer state")
     p.add_argument("--run-check", type=non_negative_int, default=0, metavar="STEPS",
                    help="also train STEPS steps of the plan on a real CPU pipeline (one process per stage, "

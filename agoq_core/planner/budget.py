@@ -590,6 +590,10 @@ class BudgetPlan:
     layer_time_s: float
     head_time_s: float
     optimizer_time_s: float
+    grads_time_s: float = 0.0
+    """What the gradient storage adds per step (QuanGrad's FP8 buffers: scale.compute.grad_storage_seconds)."""
+    grads: str = "bf16"
+    """The gradient storage planned with: bf16 / fp32 ``.grad``, or quangrad (QuanGrad's FP8 buffers)."""
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -598,7 +602,7 @@ class BudgetPlan:
 
     @property
     def step_time_s(self) -> float:
-        return self.layer_time_s + self.head_time_s + self.optimizer_time_s
+        return self.layer_time_s + self.head_time_s + self.optimizer_time_s + self.grads_time_s
 
     @property
     def tokens_per_s(self) -> float:
@@ -618,12 +622,13 @@ class BudgetPlan:
         return {
             "model": self.model, "seq_len": self.seq_len, "batch": self.batch, "device": self.device,
             "budget_bytes": self.budget_bytes, "usable_bytes": self.usable_bytes, "headroom": self.headroom,
-            "loss": self.loss, "choices": list(self.choices), "mix": self.mix,
+            "loss": self.loss, "grads": self.grads, "choices": list(self.choices), "mix": self.mix,
             "predicted_peak_bytes": self.peak_bytes, "predicted_step_s": self.step_time_s,
             "predicted_tokens_per_s": self.tokens_per_s,
             "peak_parts": {**self.static, "fixed": self.fixed_bytes, "saved_layers": self.saved_bytes,
                            "transient": self.transient_bytes},
-            "time_parts": {"layers": self.layer_time_s, "head": self.head_time_s, "optimizer": self.optimizer_time_s},
+            "time_parts": {"layers": self.layer_time_s, "head": self.head_time_s, "optimizer": self.optimizer_time_s,
+                           "grads": self.grads_time_s},
             "options": [o.__dict__ for o in self.options], "head": self.head.__dict__, "notes": list(self.notes),
         }
 
@@ -633,7 +638,8 @@ class BudgetPlan:
         by = {o.name: o for o in self.options}
         lines = [f"memory-budget policy: {self.model}, {self.batch} x {self.seq_len} tokens, {self.device}, "
                  f"budget {fmt_bytes(self.budget_bytes)} (plans to {fmt_bytes(self.usable_bytes)}: "
-                 f"{self.headroom:.0%} headroom), loss {self.loss}",
+                 f"{self.headroom:.0%} headroom), loss {self.loss}, gradients "
+                 f"{'FP8 (QuanGrad)' if self.grads == 'quangrad' else self.grads}",
                  "", f"  {'option':<11} {'layers':>6} {'keeps/layer':>12} {'+backward':>11} {'ms/layer':>9}  which"]
         for name, n in sorted(self.mix.items(), key=lambda kv: self.choices.index(kv[0])):
             o = by[name]
@@ -646,8 +652,9 @@ class BudgetPlan:
                       f"{fmt_bytes(self.fixed_bytes)} + saved {fmt_bytes(self.saved_bytes)} + backward peak on top "
                       f"{fmt_bytes(self.transient_bytes)}",
                   f"  predicted step {self.step_time_s:.3f} s = layers {self.layer_time_s:.3f} + head/loss "
-                  f"{self.head_time_s:.3f} + optimizer {self.optimizer_time_s:.3f}  ->  {self.tokens_per_s:,.0f} "
-                  "tokens/s"]
+                  f"{self.head_time_s:.3f} + optimizer {self.optimizer_time_s:.3f}"
+                  + (f" + FP8 gradients {self.grads_time_s:.3f}" if self.grads_time_s else "")
+                  + f"  ->  {self.tokens_per_s:,.0f} tokens/s"]
         lines += [f"  note: {n}" for n in self.notes]
         lines += ["  options considered (per layer): " + ", ".join(
             f"{o.name} {fmt_bytes(o.saved_bytes)}/{o.time_s * 1e3:.1f} ms" for o in self.options)]
@@ -668,7 +675,7 @@ def _ranges(xs: Sequence[int]) -> str:
 def plan_budget(model: object, *, budget: int | str, seq_len: int, batch: int = 1, device="H200",
                 options: Sequence[str] | str = DEFAULT_OPTIONS, loss: Loss | Literal["auto"] = "chunked",
                 headroom: float = 0.02, static: StaticMemoryConfig = BUDGET_STATIC,
-                measured: Mapping[str, Mapping] | None = None) -> BudgetPlan:
+                measured: Mapping[str, Mapping] | None = None, grads: str | None = None) -> BudgetPlan:
     """The per-layer mix with the highest predicted tokens/s whose predicted peak fits ``budget``.
 
     ``model``: a preset name, a TransformerShape or an HF config/model. ``budget``: bytes or a string
@@ -676,7 +683,24 @@ def plan_budget(model: object, *, budget: int | str, seq_len: int, batch: int = 
     ``measured``: per-layer costs measured at this sequence length (see :func:`layer_options`).
     ``loss="auto"``: the loss is chosen too — the model's own (``hf``: fp32 logits kept, no recomputation) where
     that plan is predicted faster and fits, else the chunked one (the plan's ``loss`` says which).
+    ``grads``: the gradient storage in place of ``static.grads`` (bf16, fp32, quangrad), or ``"auto"``: QuanGrad's
+    FP8 buffers where that plan is predicted faster (the memory they free buys layers out of recomputation; their
+    step costs scale.compute.grad_storage_seconds), else bf16 (``static.grads`` of the plan says which).
     Raises BudgetError naming the smallest budget that fits when nothing does."""
+    if grads == "auto":
+        kw = dict(budget=budget, seq_len=seq_len, batch=batch, device=device, options=options, loss=loss,
+                  headroom=headroom, measured=measured)
+        plans, first_error = [], None
+        for kind in ("bf16", "quangrad"):
+            try:
+                plans.append(plan_budget(model, static=dataclasses.replace(static, grads=kind), **kw))
+            except BudgetError as exc:
+                first_error = first_error or exc
+        if not plans:
+            raise first_error
+        return min(plans, key=lambda p: p.step_time_s)  # bf16 first: it wins a tie
+    if grads is not None:
+        static = dataclasses.replace(static, grads=grads)  # StaticMemoryConfig checks the name
     if loss == "auto":
         kw = dict(budget=budget, seq_len=seq_len, batch=batch, device=device, options=options, headroom=headroom,
                   static=static, measured=measured)
@@ -741,7 +765,7 @@ def plan_budget(model: object, *, budget: int | str, seq_len: int, batch: int = 
         usable_bytes=usable, headroom=headroom, loss=loss, choices=tuple(o.name for o in picked), options=tuple(opts),
         head=head, static=st, fixed_bytes=fixed, saved_bytes=sol.saved, transient_bytes=sol.transient,
         layer_time_s=lf, head_time_s=head.time_s, optimizer_time_s=C.optimizer_seconds(params, dev, static.optimizer),
-        notes=tuple(notes))
+        grads_time_s=C.grad_storage_seconds(params, dev, static.grads), grads=static.grads, notes=tuple(notes))
 
 
 def _peak_note(picked: Sequence[LayerOption], floor: int) -> str:
@@ -789,6 +813,7 @@ def plan_for_choices(model: object, choices: Sequence[str], *, seq_len: int, bat
         usable_bytes=b, headroom=0.0, loss=loss, choices=tuple(names), options=tuple(opts), head=head, static=st,
         fixed_bytes=fixed, saved_bytes=saved, transient_bytes=peak - saved, layer_time_s=sum(o.time_s for o in picked),
         head_time_s=head.time_s, optimizer_time_s=C.optimizer_seconds(params, dev, static.optimizer),
+        grads_time_s=C.grad_storage_seconds(params, dev, static.grads), grads=static.grads,
         notes=(_peak_note(picked, floor),))
 
 

@@ -31,7 +31,7 @@ from agoq_core.scale.errors import ScaleError
 
 __all__ = ["ELEMENTWISE", "Elementwise", "LayerCost", "layer_cost", "head_cost", "gemm_flops_fwd",
            "attention_flops_fwd", "laaq_overhead", "quangrad_codec_seconds", "accumulate_seconds", "optimizer_seconds",
-           "OPTIMIZER_BYTES_PER_PARAM", "BACKWARD_GEMM", "BACKWARD_ATTENTION", "BACKWARD_ELEMENTWISE"]
+           "OPTIMIZER_BYTES_PER_PARAM", "GRAD_STORAGE_STEP_BYTES_PER_PARAM", "grad_storage_seconds", "BACKWARD_GEMM", "BACKWARD_ATTENTION", "BACKWARD_ELEMENTWISE"]
 
 Elementwise = Literal["fused", "hf"]
 
@@ -155,3 +155,23 @@ def optimizer_seconds(params: float, dev: DeviceProfile, optimizer: str) -> floa
     if optimizer not in OPTIMIZER_BYTES_PER_PARAM:
         raise ScaleError(f"optimizer must be one of {', '.join(OPTIMIZER_BYTES_PER_PARAM)}, got {optimizer!r}")
     return params * OPTIMIZER_BYTES_PER_PARAM[optimizer] / dev.copy_bandwidth
+
+
+#: What storing the gradients in QuanGrad's FP8 buffers costs one process per optimizer step, beyond the optimizer's
+#: own work, in bytes of copy bandwidth per parameter: the backward's accumulate of each bf16 gradient into its
+#: buffer, and the step's dequantize to an fp32 buffer, the reported norm, the cast to the weights' dtype and the
+#: zeroing (QuanGradDDP.step). Counted, that is about 20 B; measured, it costs more. LLaMA-2-7B on an H100, the
+#: float8 budget policy with and without FP8 gradients in the same run (2026-12-07, docs/benchmarks.md §5.9): the
+#: FP8 plans were predicted 0.112 s (32K) and 0.233 s (64K) faster per step from their extra LAAQ layers, and ran
+#: 0.047 s slower and 0.052 s faster: 0.159 and 0.181 s per step, 71 and 81 B per parameter at the card's copy
+#: bandwidth. The H200's profiled step of 2026-12-02 (kernel time +154 ms, idle +21 ms, with one more dequantize
+#: and norm pass than today's code) is ~105 B. bf16 / fp32 .grad: nothing beyond the optimizer's.
+GRAD_STORAGE_STEP_BYTES_PER_PARAM = {"quangrad": 76.0, "bf16": 0.0, "fp32": 0.0}
+
+
+def grad_storage_seconds(params: float, dev: DeviceProfile, grads: str) -> float:
+    """Seconds per optimizer step that the gradient storage ``grads`` adds on one process
+    (:data:`GRAD_STORAGE_STEP_BYTES_PER_PARAM`)."""
+    if grads not in GRAD_STORAGE_STEP_BYTES_PER_PARAM:
+        raise ScaleError(f"grads must be one of {', '.join(GRAD_STORAGE_STEP_BYTES_PER_PARAM)}, got {grads!r}")
+    return params * GRAD_STORAGE_STEP_BYTES_PER_PARAM[grads] / dev.copy_bandwidth

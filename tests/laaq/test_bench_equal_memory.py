@@ -448,6 +448,28 @@ def test_policy_m_fp8_with_quangrad_plans_fp8_gradients(bench):
         assert 0.45 < g / g0 < 0.6, (g, g0)
 
 
+def test_policy_m_fp8_auto_runs_the_gradient_storage_its_plan_chose(bench, monkeypatch):
+    """policy-m-fp8-auto: the planner picks the gradient storage too (plan_budget(grads="auto")); the row runs
+    QuanGrad's FP8 buffers exactly when the plan says so, and records the FP8 gradients' predicted step cost."""
+    from agoq_core.scale import compute as C
+
+    measured = {"64": {"fp8-laaq-c:nf4": {"saved_bytes": 1_000, "transient_bytes": 1_000, "time_s": 1e-4},
+                       "fp8-ckpt-c": {"saved_bytes": 100, "transient_bytes": 3_000, "time_s": 3e-4}}}
+    seen = set()
+    # FP8 gradients cost nothing (and free memory): always chosen; or cost more than any layer: chosen only where
+    # bf16 .grad does not fit (--smoke plans to the smallest budget that fits, where only FP8 gradients may)
+    for cost in (0.0, 1e9):
+        monkeypatch.setitem(C.GRAD_STORAGE_STEP_BYTES_PER_PARAM, "quangrad", cost)
+        (row,) = bench.run_cell(_cell("policy-m-fp8-auto", [64], measured=measured))
+        assert not row.get("failed"), row.get("traceback")
+        qg = row["quangrad"]
+        assert row["optimizer"].startswith("QuanGrad") is qg and not row["oom"]
+        assert (row["predicted_time_parts"]["grads"] > 0) is (qg and cost > 0)
+        assert qg or cost > 0
+        seen.add(qg)
+    assert True in seen
+
+
 def test_laaq_with_hf_loss_keeps_plain_loss(bench):
     """laaq-hf: LAAQ with HF's loss (as plain's), so a plain-vs-LAAQ row changes one variable."""
     (row,) = bench.run_cell(_cell("laaq-hf", [64]))

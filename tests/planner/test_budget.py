@@ -371,3 +371,61 @@ def test_a_budget_above_the_device_profile_is_noted():
     assert any("is more than the H200 holds" in n for n in over.notes), over.notes
     within = plan_budget("llama2-7b", budget="100GiB", seq_len=4096, device="H200")
     assert not any("is more than" in n for n in within.notes), within.notes
+
+
+def test_fp8_gradients_cost_their_measured_step_time():
+    """QuanGrad's FP8 buffers halve the gradient bytes and add GRAD_STORAGE_STEP_BYTES_PER_PARAM per parameter of
+    copy bandwidth to the step (bf16 .grad: nothing beyond the optimizer); the step time is the sum of its parts."""
+    from agoq_core.scale import compute as C
+    from agoq_core.scale.devices import device_profile
+
+    bf = plan_budget("llama2-7b", budget="79GiB", seq_len=32768, device="H100", grads="bf16")
+    qg = plan_budget("llama2-7b", budget="79GiB", seq_len=32768, device="H100", grads="quangrad")
+    params = 6_738_415_616  # LLaMA-2-7B: 32 x 202,383,360 + 2 x 32000 x 4096 + 4096
+    assert bf.grads == "bf16" and bf.grads_time_s == 0.0 and qg.grads == "quangrad"
+    assert qg.grads_time_s == pytest.approx(params * 76.0 / device_profile("H100").copy_bandwidth)
+    assert 0.16 < qg.grads_time_s < 0.18  # the measured 0.159-0.181 s of docs/benchmarks.md §5.9
+    for p in (bf, qg):
+        assert p.step_time_s == pytest.approx(p.layer_time_s + p.head_time_s + p.optimizer_time_s + p.grads_time_s)
+        assert p.to_dict()["time_parts"]["grads"] == p.grads_time_s and p.to_dict()["grads"] == p.grads
+    assert "FP8 gradients" in qg.render() and "FP8 gradients" not in bf.render()
+    assert C.grad_storage_seconds(10, device_profile("H100"), "fp32") == 0.0
+    with pytest.raises(Exception, match="grads must be one of"):
+        C.grad_storage_seconds(10, device_profile("H100"), "fp16")
+
+
+def test_grads_auto_takes_fp8_gradients_only_where_they_pay(monkeypatch):
+    """grads="auto" plans both storages and keeps the faster predicted plan (bf16 on a tie): FP8 gradients where
+    the memory they free buys more than their step costs, bf16 .grad where it does not, and FP8 where only they
+    fit. Each result is the plan the named storage gives."""
+    from agoq_core.scale import compute as C
+
+    kw = dict(budget="79GiB", seq_len=32768, device="H100")
+    bf, qg = plan_budget("llama2-7b", grads="bf16", **kw), plan_budget("llama2-7b", grads="quangrad", **kw)
+    auto = plan_budget("llama2-7b", grads="auto", **kw)
+    best = min((bf, qg), key=lambda p: p.step_time_s)
+    assert (auto.grads, auto.choices, auto.step_time_s) == (best.grads, best.choices, best.step_time_s)
+    monkeypatch.setitem(C.GRAD_STORAGE_STEP_BYTES_PER_PARAM, "quangrad", 1e6)  # a step that never pays
+    assert plan_budget("llama2-7b", grads="auto", **kw).grads == "bf16"
+    monkeypatch.setitem(C.GRAD_STORAGE_STEP_BYTES_PER_PARAM, "quangrad", 0.0)  # free: the freed bytes decide
+    free = plan_budget("llama2-7b", grads="auto", **kw)
+    assert free.grads == "quangrad" and free.step_time_s < bf.step_time_s
+    monkeypatch.setitem(C.GRAD_STORAGE_STEP_BYTES_PER_PARAM, "quangrad", 1e6)
+    # 47 GiB: bf16 .grad needs ~51 GiB at 32K (the least-saving mix); with FP8 gradients ~45 fit, however slow
+    with pytest.raises(BudgetError):
+        plan_budget("llama2-7b", budget="47GiB", seq_len=32768, device="H100", grads="bf16")
+    assert plan_budget("llama2-7b", budget="47GiB", seq_len=32768, device="H100", grads="auto").grads == "quangrad"
+    with pytest.raises(BudgetError):
+        plan_budget("llama2-7b", budget="30GiB", seq_len=32768, device="H100", grads="auto")
+    with pytest.raises(PlannerError, match="grads must be"):
+        plan_budget("llama2-7b", grads="fp8", **kw)
+
+
+def test_plan_cli_grads_auto(capsys):
+    from agoq_core.cli.main import main
+
+    assert main(["plan", "--budget", "79GiB", "--model", "llama2-7b", "--seq-len", "32768", "--device", "H100",
+                 "--grads", "auto"]) == 0
+    assert "gradients " in capsys.readouterr().out
+    assert main(["plan", "--grads", "auto"]) != 0
+    assert "--grads auto chooses the gradient storage of a memory-budget plan" in capsys.readouterr().err

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from agoq_cuda.fused_swiglu import _round  # RNE to the activation dtype, in registers
 # the plugin's geometry decides HW, the tile, the register caps and the prefetch
-from agoq_cuda.launch import LAUNCHER, fused_maxnreg, fused_vec16, norm_prefetch
+from agoq_cuda.launch import LAUNCHER, fused_maxnreg, fused_vec16, norm_prefetch, norm_programs
 from agoq_triton_kernels.buffers import check_codec_buffers, float_view
 from agoq_triton_kernels.codes import bf16_bits_to_f32
 from agoq_triton_kernels.kernels import (_load_f32, _quantize16, _store_codes16, _store_f32, _tile16, quantize_tile,
@@ -247,9 +247,9 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
     c = spec_constexprs(spec)
     lanes = min(h // 4, 32)
     hw_ = LAUNCHER.geometry.hw(x.device, hw)
-    nprog = programs or (2 if x.device.type == "cpu" else min(m, 132 * 8))
     warps = warps or (4 if h <= 2048 else 8 if h <= 8192 else 16)
     tile = fused_vec16("rmsnorm_quant", spec, (codes,), writes=True, vec16=vec16)
+    nprog = programs or norm_programs(spec, x.device, bool(tile), m)
     pf = norm_prefetch(spec, x.device, bool(tile)) if prefetch is None else bool(prefetch)
     extra = {} if x.device.type == "cpu" else {"num_warps": warps}
     if not pf:  # the caps were timed without the prefetch; with it fp4's cap spills (codec_isa)

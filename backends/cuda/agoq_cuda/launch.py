@@ -21,7 +21,7 @@ from agoq_triton_kernels.launch import Launch, Launcher, is_interpreted, vec16_a
 from agoq_triton_kernels.layout import next_pow2
 
 __all__ = ["Geometry", "geometry", "CudaGeometry", "VEC16_DEFAULTS", "MAXNREG", "NORM_PREFETCH", "norm_prefetch",
-           "parse_vec16", "parse_maxnreg", "LAUNCHER", "quantize", "dequantize", "accumulate", "reduce_requantize",
+           "NORM_PROGRAMS_PER_SM", "norm_programs", "sm_count", "PARTIALS_ROWS", "PARTIALS_PROGRAMS_PER_SM", "parse_vec16", "parse_maxnreg", "LAUNCHER", "quantize", "dequantize", "accumulate", "reduce_requantize",
            "is_interpreted"]
 
 
@@ -46,6 +46,21 @@ _GPU_TILE_LANES_5BIT_QUANTIZE = 1024
 _GPU_MAX_PROGRAMS = (1 << 31) - 1
 _INTERP_TILE_LANES = 1 << 15
 _INTERP_PROGRAMS = 2
+
+# A pass that writes one partial result per program for a single program to combine (NVFP4's tensor absmax,
+# Launcher.tensor_scale) runs persistent: one program per tile (the codec plan: 262,144 programs for 1 GiB of bf16)
+# left the finishing program 262,144 partial maxima to read one 1024-wide load after another. H100, 2026-12-07
+# (benchmarks/bench_absmax.py, 1 GiB bf16, copy 2,994 GB/s): the launcher's pass 483.1 us against 361.2 us for its
+# absmax kernel alone at that geometry; the kernel at 1024 rows (16,384 elements, 16 warps) and 16 programs per SM
+# 357.5 us (100.3% of copy), leaving the finishing program 2,112 partials.
+PARTIALS_ROWS = 1024
+PARTIALS_PROGRAMS_PER_SM = 16
+
+
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of CUDA ``device`` (132 on the H100 SXM and the H200)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def geometry(block_p: int, n_blocks: int, device: torch.device, *, rows: int | None = None,
@@ -178,6 +193,13 @@ class CudaGeometry:
             raise ValueError(f"hw=True needs a CUDA device of compute capability >= 8.9, got {device}")
         return bool(requested)
 
+    def partials_launch(self, device: torch.device) -> tuple[int | None, int | None]:
+        """(rows, programs) of a pass whose per-program partials one program then combines (Launcher.tensor_scale):
+        PARTIALS_ROWS and PARTIALS_PROGRAMS_PER_SM on a GPU; the interpreter's plan (two programs) on CPU."""
+        if device.type == "cpu":
+            return None, None
+        return PARTIALS_ROWS, PARTIALS_PROGRAMS_PER_SM * sm_count(device)
+
     def plan(self, op: str, spec, numel: int, io_dtype: torch.dtype, device: torch.device, *,
              rows: int | None, programs: int | None) -> Launch:
         block_p = next_pow2(spec.block)
@@ -230,6 +252,23 @@ NORM_PREFETCH: dict[bool, frozenset[str]] = {
     False: frozenset({"int4", "nf4", "fp4_e2m1", "mxfp4"}),
     True: frozenset({"int4", "nf4", "fp4_e2m1", "mxfp4"}),
 }
+
+
+#: Persistent programs per SM of the fused RMSNorm + quantize, per (format, 16-lane tile); the rest take
+#: NORM_PROGRAMS_PER_SM_DEFAULT. nf4 on the 16-lane tile (its default, prefetching, 8 warps, 16384 x 4096 bf16), H100:
+#: 8 per SM 127.8 / 126.6 us, 16 per SM 123.1 / 123.2 us (2026-12-06 and 2026-12-07, benchmarks/sweep_norm_geometry.py;
+#: 1.29-1.30x the compiled norm + codec pair against 1.25-1.26x). The other formats were timed at 8 only.
+NORM_PROGRAMS_PER_SM: dict[tuple[str, bool], int] = {("nf4", True): 16}
+NORM_PROGRAMS_PER_SM_DEFAULT = 8
+
+
+def norm_programs(spec, device, vec16: bool, rows: int) -> int:
+    """The fused norm's persistent grid for ``rows`` token rows: two programs in the interpreter (the strided loop
+    runs), else NORM_PROGRAMS_PER_SM programs per SM, at most one per row."""
+    if device.type == "cpu":
+        return min(rows, 2)
+    per_sm = NORM_PROGRAMS_PER_SM.get((spec.name, bool(vec16)), NORM_PROGRAMS_PER_SM_DEFAULT)
+    return max(1, min(rows, per_sm * sm_count(device)))
 
 
 def norm_prefetch(spec, device, vec16: bool = False) -> bool:

@@ -201,6 +201,21 @@ def test_sweep_norm_geometry_smoke(tmp_path):
     assert "AGOQ_CUDA_MAXNREG" not in os.environ
 
 
+def test_norm_programs_defaults(monkeypatch):
+    """The fused norm's persistent grid: NORM_PROGRAMS_PER_SM per SM (nf4 on the 16-lane tile: 16; the rest 8), at
+    most one program per token row; two in the interpreter."""
+    from agoq_cuda import launch as L
+
+    monkeypatch.setattr(L, "sm_count", lambda dev: 132)
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert L.norm_programs(get_format("nf4"), gpu, True, 16384) == 2112
+    assert L.norm_programs(get_format("nf4"), gpu, False, 16384) == 1056
+    assert L.norm_programs(get_format("int4"), gpu, True, 16384) == 1056
+    assert L.norm_programs(get_format("int4"), gpu, False, 300) == 300
+    assert L.norm_programs(get_format("int4"), cpu, False, 16384) == 2
+    assert L.norm_programs(get_format("int4"), cpu, False, 1) == 1
+
+
 def test_norm_prefetch_defaults(monkeypatch):
     """The prefetch default: the NORM_PREFETCH formats of the tile on a GPU, never in the interpreter;
     AGOQ_CUDA_NORM_PREFETCH overrides it, and a value it cannot read is an error, not a silent default."""

@@ -105,6 +105,36 @@ def test_nvfp4_tensor_scale_kernel_matches_reference(dtype, device):
             assert_bits_equal(got.cpu(), want, f"tensor scale n={x.numel()} programs={programs}")
 
 
+def test_nvfp4_tensor_scale_takes_the_geometrys_partials_launch(device):
+    """Launcher.tensor_scale launches its absmax pass with the geometry's partials_launch (agoq-cuda: 1,024 rows
+    and 16 programs per SM on a GPU) where it has one; any rows and grid give the reference's bits."""
+    from agoq_core.formats.mx import nvfp4_tensor_scale
+    from agoq_triton_kernels.launch import Launcher, _scale_and_inverse
+
+    calls = []
+
+    class Few(launch.CudaGeometry):
+        def partials_launch(self, dev):
+            calls.append(dev)
+            return 2, 3
+
+    spec, few = get_format("nvfp4"), Launcher(Few())
+    g = torch.Generator().manual_seed(11)
+    for n in (16, 40 * 16 + 5, 3000):
+        x = torch.randn(n, generator=g) * 20
+        x[n // 2] = -700.0  # the absmax in a middle tile
+        want = _scale_and_inverse(nvfp4_tensor_scale(x))
+        assert_bits_equal(few.tensor_scale(spec, x.to(device)).cpu(), want, f"tensor scale n={n}, rows 2, 3 programs")
+    assert len(calls) == 3
+
+
+def test_cuda_partials_launch_is_persistent_on_a_gpu(monkeypatch):
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(launch, "sm_count", lambda dev: 132)
+    assert launch.CudaGeometry().partials_launch(gpu) == (launch.PARTIALS_ROWS, 16 * 132) == (1024, 2112)
+    assert launch.CudaGeometry().partials_launch(torch.device("cpu")) == (None, None)
+
+
 def _f32_values(bits) -> torch.Tensor:
     return torch.tensor(bits, dtype=torch.int32).view(torch.float32)
 

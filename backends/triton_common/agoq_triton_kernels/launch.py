@@ -110,6 +110,9 @@ class LaunchGeometry(Protocol):
 
     # Optional: ``retry_smaller(exc, launch, replan) -> Launch | None``: a smaller launch to retry with after
     # a compile error ``exc`` (agoq-ascend: "ub overflow" -> half the rows); None re-raises.
+    # Optional: ``partials_launch(device) -> (rows, programs)``: the tile rows and grid (None: the plan's) of a pass
+    # whose per-program partial results one program then combines (NVFP4's tensor scale); agoq-cuda: few persistent
+    # programs. Any values give the same bits (a maximum is exact in any order).
 
     def plan(self, op: str, spec, numel: int, io_dtype: torch.dtype, device: torch.device, *,
              rows: int | None, programs: int | None) -> Launch:
@@ -566,7 +569,12 @@ class Launcher:
 
         xv, xk, io = self._float_in(x, "quantize")
         dev, fmt = x.device, spec_constexprs(spec)
-        launches = [(off, m, ragged, self.geometry.plan("quantize", spec, m, io, dev, rows=None, programs=programs))
+        # few persistent programs where the geometry says how many (each partial is one more value for the one
+        # finishing program to read); else the quantize plan's
+        hook = getattr(self.geometry, "partials_launch", None)
+        rows, progs = hook(dev) if hook is not None else (None, None)
+        launches = [(off, m, ragged, self.geometry.plan("quantize", spec, m, io, dev, rows=rows,
+                                                        programs=programs or progs))
                     for off, m, _, _, ragged in segments(spec, n)]
         part = torch.empty(sum(la.grid for *_, la in launches), dtype=torch.float32, device=dev)
         p = 0
