@@ -80,6 +80,28 @@ def test_nvfp4_refuses_blockwise_requantize(device):
         launch.accumulate(c.to(device), s.to(device), spec, torch.randn(32, device=device))
 
 
+@pytest.mark.parametrize("fmt", microscaling_formats())
+def test_portable_microscaling_path_on_the_gpu(fmt, device):
+    """HW=False of mx_quantize_tile (fp32 compares, NVFP4's divisions by codes.exact_div, the sign by an integer
+    OR: what the interpreter and Ascend run) gives the reference's bits on a GPU too, as HW=True does."""
+    if device.type != "cuda":
+        pytest.skip("on CPU every test here already runs the portable path")
+    spec = get_format(fmt)
+    x = _inputs(spec, seed=5)
+    n = x.numel()
+    want_c, want_s = ref.quantize_blocks(x, spec)
+    for dtype in DTYPES:
+        codes, scales = poisoned_q(spec, n, device)
+        launch.quantize(x.to(dtype).to(device), spec, codes, scales, hw=False)
+        wc, ws = ref.quantize_blocks(x.to(dtype), spec) if dtype != torch.float32 else (want_c, want_s)
+        assert_bits_equal(codes, wc, f"{fmt} {dtype} codes")
+        assert_bits_equal(scales, ws, f"{fmt} {dtype} scales")
+    out = torch.empty(n, dtype=torch.bfloat16, device=device)
+    codes, scales = want_c.to(device), want_s.to(device)
+    launch.dequantize(codes, scales, spec, out, hw=False)
+    assert_bits_equal(out, ref.dequantize_blocks(want_c, want_s, spec, n, torch.bfloat16), f"{fmt} dequantize")
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_nvfp4_tensor_scale_kernel_matches_reference(dtype, device):
     """The launcher's one-pass absmax kernel gives the reference's [S, RN(1/S)] bit for bit: NaN, +-Inf and
