@@ -500,12 +500,18 @@ def _profile_step(model, ids, loss_kind, opt, offload, tag):
         _step(model, ids, loss_kind, opt, offload)
         torch.cuda.synchronize()
     wall = time.perf_counter() - t0
+    if str(Path(__file__).resolve().parent) not in sys.path:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_layer_profile import is_kernel
+
     groups: dict = {}
     total = 0.0
+    top = []
     for e in prof.key_averages():
         t = getattr(e, "self_device_time_total", 0.0) or 0.0
-        if t <= 0 or e.device_type != torch.autograd.DeviceType.CUDA:
-            continue
+        if t <= 0 or e.device_type != torch.autograd.DeviceType.CUDA or not is_kernel(e):
+            continue  # not device work (an annotation's span or a host-stall marker would count kernels twice)
+        top.append((t / 1e3, e.count, e.key))
         n = e.key.lower()
         # attention first: cuDNN's flash kernels are named ..._sdpa_sm90_flash_... (2026-12-02 profiles counted
         # them as GEMM time)
@@ -518,8 +524,10 @@ def _profile_step(model, ids, loss_kind, opt, offload, tag):
     out = Path(os.environ["AGOQ_BENCH_PROFILE"]) / f"profile_{tag}.txt"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40))
+    top.sort(reverse=True)
     return {"wall_ms": round(wall * 1e3, 1), "kernel_ms": round(total, 1), "idle_ms": round(wall * 1e3 - total, 1),
-            "groups_ms": {k: round(v, 1) for k, v in sorted(groups.items(), key=lambda kv: -kv[1])}}
+            "groups_ms": {k: round(v, 1) for k, v in sorted(groups.items(), key=lambda kv: -kv[1])},
+            "top_kernels": [{"ms": round(ms, 2), "calls": n, "name": k[:120]} for ms, n, k in top[:30]]}
 
 
 def _prime(model, opt):

@@ -73,6 +73,17 @@ def _use_checkout():
 
 
 # ============================================================ kernel / op names -> groups
+#: Entries of a CUDA profile that are not kernels: CUPTI's marker for a host blocked on a full launch queue.
+NOT_KERNELS = frozenset({"Command Buffer Full"})
+
+
+def is_kernel(e) -> bool:
+    """Whether a profiler event with a CUDA device type is device work: not a user annotation
+    (``record_function`` ranges such as ``Optimizer.step#AdamW8bit.step`` show up on the GPU timeline spanning
+    the kernels they enclose) and not a marker of NOT_KERNELS. Counting those double-counts kernel time."""
+    return not getattr(e, "is_user_annotation", False) and e.name not in NOT_KERNELS and "#" not in e.name
+
+
 def group_of(name: str) -> str:
     """CUDA kernel name (or, on CPU, ATen op name) -> one of GROUPS. Codec first (LAAQ's Triton kernels are
     named quantize_kernel / dequantize_kernel / _rmsnorm_quant_kernel), then attention, GEMM, copies, and
@@ -105,7 +116,7 @@ def _kernel_totals(prof, cuda: bool) -> tuple[dict, dict]:
     counts = {"gemm": 0}
     for e in prof.events():
         if cuda:
-            if e.device_type != DeviceType.CUDA:
+            if e.device_type != DeviceType.CUDA or not is_kernel(e):
                 continue
             us = e.time_range.elapsed_us()  # a device event's own duration (device_time_total is 0 if async)
             g = group_of(e.name)

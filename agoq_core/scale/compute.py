@@ -164,8 +164,8 @@ def optimizer_seconds(params: float, dev: DeviceProfile, optimizer: str) -> floa
 #: float8 budget policy with and without FP8 gradients in the same run (2026-12-07, docs/benchmarks.md §5.9): the
 #: FP8 plans were predicted 0.112 s (32K) and 0.233 s (64K) faster per step from their extra LAAQ layers, and ran
 #: 0.047 s slower and 0.052 s faster: 0.159 and 0.181 s per step, 71 and 81 B per parameter at the card's copy
-#: bandwidth. The H200's profiled step of 2026-12-02 (kernel time +154 ms, idle +21 ms, with one more dequantize
-#: and norm pass than today's code) is ~105 B. bf16 / fp32 .grad: nothing beyond the optimizer's.
+#: bandwidth. Where the difference goes on the GPU is not profiled yet. bf16 / fp32 .grad: nothing beyond the
+#: optimizer's.
 GRAD_STORAGE_STEP_BYTES_PER_PARAM = {"quangrad": 76.0, "bf16": 0.0, "fp32": 0.0}
 
 
