@@ -4,7 +4,7 @@
 # Stages: conformance, laaq, quangrad, laaq-fusion, fusion, codecs, torchtitan, equal-memory, equal-memory-m,
 # layer-profile-64k, layer-profile-qc32k, policy-80, longest, laaq-16k, layer-profile-fp8, float8-m, float8-80, float8-ce, liger, layer-profile-fp8-64k, float8-80-64k, float8-64k, cells, integrations, grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host,
 # dequant-tiles, norm-fusion, train-split-c, train-profile, train-profile-c, layer-host, train-alone, ab-codecs, maxnreg, layer-profile, ncu-norm,
-# norm-prefetch16, absmax. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
+# norm-prefetch16, absmax, qg-profile. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
 set -u
 source "$(dirname "$0")/gpu_env.sh"
 OUT=${OUT:-/tmp/agoq-out}; mkdir -p "$OUT"
@@ -98,6 +98,13 @@ for spec in "$@"; do
                 --cell-timeout-s 240 --budget-s $((secs - 60)) \
                 --layer-costs "${CELLS_COSTS:-docs/bench/h200-2026-12-02-s3/bench_layer_profile_fp8.json}" \
                 --json "$OUT/bench_equal_memory_cells.json") ;;
+    # issue 18: where FP8 gradients' ~0.17 s per step goes (docs/benchmarks.md §5.9): the float8 policy with and
+    # without QuanGrad's FP8 buffers at 32K, one profiled step each (kernel groups and top_kernels) after the timed ones
+    qg-profile) mkdir -p "$OUT/prof"
+                cmd=(env AGOQ_BENCH_PROFILE="$OUT/prof" python3 benchmarks/bench_equal_memory.py --configs policy-m-fp8-qg,policy-m-fp8 \
+                     --caps 0 --seqs 32K --steps 2 --warmup 2 --cell-timeout-s $(( (secs - 10) / 2 )) \
+                     --layer-costs "${CELLS_COSTS:-docs/bench/h100-2026-12-06-s11/cells-16k/bench_layer_profile_custom.json}" \
+                     --json "$OUT/bench_equal_memory_qgprof.json") ;;
     float8-ce) cmd=(python3 benchmarks/bench_equal_memory.py --configs fp8-ce-c --caps 0 --seqs 32K \
                     --steps 3 --warmup 2 --cell-timeout-s $((secs - 10)) --json "$OUT/bench_equal_memory_fp8ce.json") ;;
     # Liger-Kernel (RMSNorm, SwiGLU, RoPE, fused linear CE) + the fastest checkpointing that fits, 32K, both budgets
