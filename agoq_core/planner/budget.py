@@ -685,34 +685,19 @@ def plan_budget(model: object, *, budget: int | str, seq_len: int, batch: int = 
     that plan is predicted faster and fits, else the chunked one (the plan's ``loss`` says which).
     ``grads``: the gradient storage in place of ``static.grads`` (bf16, fp32, quangrad), or ``"auto"``: QuanGrad's
     FP8 buffers where that plan is predicted faster (the memory they free buys layers out of recomputation; their
-    step costs scale.compute.grad_storage_seconds), else bf16 (``static.grads`` of the plan says which).
+    step costs scale.compute.grad_storage_seconds), else bf16 (the plan's ``grads`` says which).
     Raises BudgetError naming the smallest budget that fits when nothing does."""
-    if grads == "auto":
-        kw = dict(budget=budget, seq_len=seq_len, batch=batch, device=device, options=options, loss=loss,
-                  headroom=headroom, measured=measured)
-        plans, first_error = [], None
-        for kind in ("bf16", "quangrad"):
-            try:
-                plans.append(plan_budget(model, static=dataclasses.replace(static, grads=kind), **kw))
-            except BudgetError as exc:
-                first_error = first_error or exc
-        if not plans:
-            raise first_error
-        return min(plans, key=lambda p: p.step_time_s)  # bf16 first: it wins a tie
+    if grads == "auto":  # bf16 first: it wins a tie
+        return _fastest(lambda kind: plan_budget(
+            model, budget=budget, seq_len=seq_len, batch=batch, device=device, options=options, loss=loss,
+            headroom=headroom, static=dataclasses.replace(static, grads=kind), measured=measured),
+            ("bf16", "quangrad"))
     if grads is not None:
         static = dataclasses.replace(static, grads=grads)  # StaticMemoryConfig checks the name
-    if loss == "auto":
-        kw = dict(budget=budget, seq_len=seq_len, batch=batch, device=device, options=options, headroom=headroom,
-                  static=static, measured=measured)
-        plans, first_error = [], None
-        for kind in ("chunked", "hf"):
-            try:
-                plans.append(plan_budget(model, loss=kind, **kw))
-            except BudgetError as exc:
-                first_error = first_error or exc
-        if not plans:
-            raise first_error
-        return min(plans, key=lambda p: p.step_time_s)  # chunked first: it wins a tie
+    if loss == "auto":  # chunked first: it wins a tie
+        return _fastest(lambda kind: plan_budget(
+            model, budget=budget, seq_len=seq_len, batch=batch, device=device, options=options, loss=kind,
+            headroom=headroom, static=static, measured=measured), ("chunked", "hf"))
     from agoq_core.planner.explain import fmt_bytes, parse_bytes
     from agoq_core.scale import compute as C
 
@@ -766,6 +751,20 @@ def plan_budget(model: object, *, budget: int | str, seq_len: int, batch: int = 
         head=head, static=st, fixed_bytes=fixed, saved_bytes=sol.saved, transient_bytes=sol.transient,
         layer_time_s=lf, head_time_s=head.time_s, optimizer_time_s=C.optimizer_seconds(params, dev, static.optimizer),
         grads_time_s=C.grad_storage_seconds(params, dev, static.grads), grads=static.grads, notes=tuple(notes))
+
+
+def _fastest(plan_with, kinds: Sequence[str]) -> BudgetPlan:
+    """The plan of ``plan_with(kind)`` predicted fastest among the ``kinds`` that fit (the first wins a tie); the
+    first kind's BudgetError when none fits."""
+    plans, first_error = [], None
+    for kind in kinds:
+        try:
+            plans.append(plan_with(kind))
+        except BudgetError as exc:
+            first_error = first_error or exc
+    if not plans:
+        raise first_error
+    return min(plans, key=lambda p: p.step_time_s)
 
 
 def _peak_note(picked: Sequence[LayerOption], floor: int) -> str:

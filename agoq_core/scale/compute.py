@@ -31,7 +31,8 @@ from agoq_core.scale.errors import ScaleError
 
 __all__ = ["ELEMENTWISE", "Elementwise", "LayerCost", "layer_cost", "head_cost", "gemm_flops_fwd",
            "attention_flops_fwd", "laaq_overhead", "quangrad_codec_seconds", "accumulate_seconds", "optimizer_seconds",
-           "OPTIMIZER_BYTES_PER_PARAM", "GRAD_STORAGE_STEP_BYTES_PER_PARAM", "grad_storage_seconds", "BACKWARD_GEMM", "BACKWARD_ATTENTION", "BACKWARD_ELEMENTWISE"]
+           "OPTIMIZER_BYTES_PER_PARAM", "GRAD_STORAGE_STEP_BYTES_PER_PARAM", "grad_storage_seconds", "BACKWARD_GEMM",
+           "BACKWARD_ATTENTION", "BACKWARD_ELEMENTWISE"]
 
 Elementwise = Literal["fused", "hf"]
 
