@@ -80,8 +80,10 @@ NOT_KERNELS = frozenset({"Command Buffer Full"})
 def is_kernel(e) -> bool:
     """Whether a profiler event with a CUDA device type is device work: not a user annotation
     (``record_function`` ranges such as ``Optimizer.step#AdamW8bit.step`` show up on the GPU timeline spanning
-    the kernels they enclose) and not a marker of NOT_KERNELS. Counting those double-counts kernel time."""
-    return not getattr(e, "is_user_annotation", False) and e.name not in NOT_KERNELS and "#" not in e.name
+    the kernels they enclose) and not a marker of NOT_KERNELS. Counting those double-counts kernel time.
+    ``e``: a FunctionEvent (``name``) or a key_averages() FunctionEventAvg (``key``)."""
+    name = getattr(e, "name", None) or getattr(e, "key", "")
+    return not getattr(e, "is_user_annotation", False) and name not in NOT_KERNELS and "#" not in name
 
 
 def group_of(name: str) -> str:

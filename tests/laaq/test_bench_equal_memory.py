@@ -118,6 +118,14 @@ def test_layer_profile_smoke(tmp_path):
     assert not lp.is_kernel(E(name="Optimizer.step#AdamW8bit.step", is_user_annotation=False))
     assert not lp.is_kernel(E(name="Command Buffer Full", is_user_annotation=False))
     assert not lp.is_kernel(E(name="my_range", is_user_annotation=True))
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:  # the real event types: FunctionEvent, FunctionEventAvg
+        with torch.profiler.record_function("Optimizer.step#AdamW8bit.step"):
+            torch.ones(4).sum()
+    for events in (prof.events(), prof.key_averages()):
+        kept = {getattr(e, "name", None) or e.key for e in events if lp.is_kernel(e)}
+        assert "aten::sum" in kept and "Optimizer.step#AdamW8bit.step" not in kept, kept
     rep = lp.run(["--smoke", "--methods", "bf16,sac-c,laaq:nf4", "--reps", "1", "--warmup", "1",
                   "--json", str(tmp_path / "lp.json")])
     assert [r["method"] for r in rep["rows"]] == ["bf16", "sac-c", "laaq:nf4"]
