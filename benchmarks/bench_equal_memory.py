@@ -285,8 +285,9 @@ def _profile(cell, device) -> str:
     return "H200"
 
 
-def _plan(cell, model, seq, options, loss, device, measured=None, headroom=0.02, quangrad=False, grads=None):
-    from agoq_core.planner.budget import BUDGET_STATIC, plan_budget
+def _plan(cell, model, seq, options, loss, device, measured=None, headroom=0.02, grads=None):
+    """``grads``: the gradient storage planned (plan_budget's: None = bf16 .grad, "quangrad", "auto")."""
+    from agoq_core.planner.budget import plan_budget
 
     import torch
 
@@ -294,10 +295,6 @@ def _plan(cell, model, seq, options, loss, device, measured=None, headroom=0.02,
 
     kw = dict(seq_len=seq, batch=cell.get("batch", 1), options=options, loss=loss, device=_profile(cell, device),
               measured=measured, headroom=headroom, grads=grads)
-    if quangrad:  # gradients in QuanGrad's FP8 buffers instead of bf16 .grad
-        import dataclasses
-
-        kw["static"] = dataclasses.replace(BUDGET_STATIC, grads="quangrad")
     if cell["smoke"]:  # a tiny model fits any real budget: plan to the smallest of 16 budgets that fits
         hi = plan_budget(model.config, budget=1 << 50, **kw).peak_bytes
         plan = None
@@ -431,9 +428,9 @@ def _setup(model, config, seq, cell, device, state):
             raise ValueError(f"policy-m-fp8 plans from measured float8 per-layer costs (bench_layer_profile methods "
                              f"fp8-..., e.g. fp8-laaq-c:nf4, fp8-sac-c) at {seq} tokens; --layer-costs has none")
         headroom = state.setdefault("headroom", POLICY_HEADROOM[0])
-        qg = base.endswith("-qg")
+        grads = "quangrad" if base.endswith("-qg") else "auto" if base.endswith("-auto") else None
         plan = _plan(cell, model, seq, ",".join(measured), POLICY_M_LOSS, device, measured=measured, headroom=headroom,
-                     quangrad=qg, grads="auto" if base.endswith("-auto") else None)
+                     grads=grads)
         qg = state["quangrad"] = plan.grads == "quangrad"
         desc["headroom"] = headroom
         desc.update(_plan_desc(plan), costs="measured float8 (bench_layer_profile fp8-*)", quangrad=qg)

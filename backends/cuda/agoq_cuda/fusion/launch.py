@@ -14,6 +14,7 @@ import torch
 
 from agoq_core.formats.spec import FormatSpec
 from agoq_cuda.fusion import kernels as K
+from agoq_cuda.launch import sm_count
 from agoq_triton_kernels import launch as shared
 from agoq_triton_kernels.buffers import check_codec_buffers
 from agoq_triton_kernels.launch import nf4_lut
@@ -243,7 +244,7 @@ def _tma_eligible(*ts: torch.Tensor) -> bool:
 def _num_programs(device: torch.device) -> int:
     if device.type == "cpu":
         return 2  # the interpreter: two programs exercise the persistent loop's stride
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return sm_count(device)
 
 
 def _tma_hook(nargs):
