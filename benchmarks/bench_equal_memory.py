@@ -68,11 +68,15 @@ _ROOT = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
 K = 1024
 
+#: The float8 budget policies planned from measured costs (a new variant is added here only).
+POLICY_M_FP8 = ("policy-m-fp8", "policy-m-fp8-qg", "policy-m-fp8-auto")
+#: Every budget policy's base name (the configuration without "-c"): their plans carry a predicted peak.
+POLICY_BASES = ("policy", "policy-fp8", "policy-m", *POLICY_M_FP8)
 ALL_CONFIGS = ("plain", "plain-c", "ckpt", "ckpt-c", "ckpt-ce", "ckpt-ce-c", "partial", "partial-c", "sac", "sac-c",
                "offload", "liger", "fp8-c", "laaq", "laaq-c", "laaq-hf", "laaq-hf-c", "laaq-fp8-c", "laaq-liger", "qckpt", "qckpt-c", "policy",
-               "policy-c", "policy-fp8-c", "policy-m", "policy-m-fp8", "policy-m-fp8-qg", "policy-m-fp8-auto", "fp8-ce-c")
+               "policy-c", "policy-fp8-c", "policy-m", *POLICY_M_FP8, "fp8-ce-c")
 AGOQ = ("laaq", "laaq-c", "laaq-hf", "laaq-hf-c", "laaq-fp8-c", "laaq-liger", "qckpt", "qckpt-c", "policy", "policy-c", "policy-fp8-c",
-        "policy-m", "policy-m-fp8", "policy-m-fp8-qg", "policy-m-fp8-auto")
+        "policy-m", *POLICY_M_FP8)
 #: The longest-sequence pair (issue 18's third goal): the alternative that reaches furthest -- full checkpointing,
 #: compiled, with the chunked linear cross-entropy (no logits: as Liger's fused linear CE; the bench's ``ckpt``
 #: keeps HF's fp32 logits, which alone need 4 x T x vocab bytes) -- against AGoQ's longest reach, every layer
@@ -417,7 +421,7 @@ def _setup(model, config, seq, cell, device, state):
             "analytic (fallback after 2 measured-cost plans ran out of memory)" if state.get("analytic") else "analytic"))
         apply_policy(model, plan, compile_backend=be)
         return plan.loss, desc
-    elif base in ("policy-m-fp8", "policy-m-fp8-qg", "policy-m-fp8-auto"):  # float8 Linears, LAAQ with float8 GEMMs
+    elif base in POLICY_M_FP8:  # float8 Linears, LAAQ with float8 GEMMs
         from agoq_core.laaq.policy import apply_policy, float8_plan_options
 
         at, scaled = _costs_at(cell, model, seq)
@@ -750,8 +754,7 @@ def run_cell(cell):
                 elif base in ("liger", "fp8", "fp8-ce") and len(state.get("chain", [])) > 1:
                     state["chain"].pop(0)
                     retry = True
-                elif base in ("policy", "policy-fp8", "policy-m", "policy-m-fp8", "policy-m-fp8-qg", "policy-m-fp8-auto") \
-                        and res.get("predicted_peak_bytes"):
+                elif base in POLICY_BASES and res.get("predicted_peak_bytes"):
                     late = sum((res.get("predicted_parts") or {}).get(k, 0) for k in ("grads", "optimizer"))
                     retry = _policy_retry(state, res, late)
             results.append(res)

@@ -14,6 +14,9 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+# the card's short name for report files (cuda-h100.json, cuda-h200.json, ...)
+GPU_TAG=$(head -1 "$OUT/gpu.txt" | grep -oiE 'GH200|H100|H200|H20|A100|B200|B100|L40S' | head -1 | tr 'A-Z' 'a-z')
+export GPU_TAG=${GPU_TAG:-gpu}
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 date -u +%Y-%m-%dT%H:%M:%SZ | tee -a "$OUT/gpu.txt"
 for spec in "$@"; do
@@ -21,7 +24,7 @@ for spec in "$@"; do
   echo "=== $stage (limit ${secs}s) ==="
   case $stage in
     # pytest -n 16 compiles the Triton cache in parallel first; the report run then takes seconds.
-    conformance) cmd=(bash -c 'python3 -m pytest -q -n 16 -p no:cacheprovider conformance_tests --agoq-backend cuda | tail -8; python3 -m agoq_core.cli.main conformance run --backend cuda --report "$OUT/cuda-h200.json"') ;;
+    conformance) cmd=(bash -c 'python3 -m pytest -q -n 16 -p no:cacheprovider conformance_tests --agoq-backend cuda | tail -8; python3 -m agoq_core.cli.main conformance run --backend cuda --report "$OUT/cuda-$GPU_TAG.json"') ;;
     laaq)        cmd=(python3 benchmarks/bench_laaq.py --budget-s $((secs - 40))) ;;
     quangrad)    cmd=(python3 benchmarks/bench_quangrad_gpu.py) ;;
     laaq-fusion) cmd=(bash -c 'for f in 0 1; do echo "AGOQ_FUSION=$f"; AGOQ_FUSION=$f python3 benchmarks/bench_laaq.py --methods laaq --seqs 16384 --ladder-methods "" --steps 3 --json "$OUT/bench_laaq_fusion$f.json" | grep -E "tok/s|^laaq "; done') ;;

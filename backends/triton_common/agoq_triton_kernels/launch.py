@@ -573,8 +573,7 @@ class Launcher:
         # finishing program to read); else the quantize plan's
         hook = getattr(self.geometry, "partials_launch", None)
         rows, progs = hook(dev) if hook is not None else (None, None)
-        launches = [(off, m, ragged, self.geometry.plan("quantize", spec, m, io, dev, rows=rows,
-                                                        programs=programs or progs))
+        launches = [(off, m, ragged, self.plan("quantize", spec, m, io, dev, rows=rows, programs=programs or progs))
                     for off, m, _, _, ragged in segments(spec, n)]
         part = torch.empty(sum(la.grid for *_, la in launches), dtype=torch.float32, device=dev)
         p = 0
