@@ -21,7 +21,9 @@ live at once (the compiler reuses some; we do not rely on it):
   ``lanes / G`` for the pack-group tiles of the 4/5/6-bit packing (G = 2, 8, 4 codes per group);
   fp32/int32 count 4 bytes, bf16/fp16/int16 2, and int8/bool tiles 2 (Triton-Ascend computes int8 and
   bool through a wider type and documents that int8 "occupies more on-chip space");
-* per-row vectors (block indices, absmax, scale, flags ...): ``ROW_VECTORS x pad32(rows * 4)``;
+* per-row vectors (block indices, absmax, scale, flags ...): ``ROW_VECTORS x pad32(rows * 4)``, and for a
+  tensor-scaled format's quantize (NVFP4) ``TENSOR_SCALED_QUANTIZE_ROW_VECTORS`` more (its two divisions by
+  ``exact_div`` are per-row work);
 * lane-index vectors shared by all rows: ``pad32(lanes * 4)`` each.
 
 The budget is half the UB while ``multibuffer`` is on (Triton-Ascend's op table: "all tensors alive
@@ -40,6 +42,7 @@ __all__ = [
     "DeviceProps", "LaunchPlan", "PlanError", "plan_launch", "working_set", "buffers", "max_block",
     "compile_options", "OPS", "IO_DTYPES", "FORMAT_CODES",
     "UB_BYTES_A2", "UB_BYTES_950", "MAX_GRID", "ALIGN_BYTES", "MIN_LANES", "ROW_VECTORS",
+    "EXACT_DIV_ROW_VECTORS", "TENSOR_SCALED_QUANTIZE_ROW_VECTORS",
 ]
 
 UB_BYTES_A2 = 192 * 1024
@@ -55,6 +58,14 @@ MIN_LANES = 32
 ROW_VECTORS = 8
 """[rows]-shaped vectors alive in the worst kernel: block index, row mask, absmax, scale, scale-is-zero,
 non-finite flag, the loaded scale (dequantize) and the stored scale."""
+
+EXACT_DIV_ROW_VECTORS = 20
+"""[rows]-shaped temporaries of one ``codes.exact_div`` call, counted from its body and its helpers' (the divisor's
+power-of-two normalisation and 12-bit split, the dividend's mantissa, the reciprocal's Newton steps, the quotient,
+its split and remainder, the ulps above and below, the corrected quotient, the exponent sum and the result bits)."""
+TENSOR_SCALED_QUANTIZE_ROW_VECTORS = 2 * EXACT_DIV_ROW_VECTORS
+"""NVFP4's quantize divides twice per block row (RN(amax / 6) / S for the E4M3 scale and RN(1/S) / s_b for the
+block's reciprocal), each by ``exact_div`` on the portable path: what a tensor-scaled format adds to ROW_VECTORS."""
 
 OPS = ("quantize", "dequantize", "accumulate", "reduce_requantize")
 FORMAT_CODES = (("int", 4), ("int", 5), ("int", 6), ("int", 8), ("fp4_e2m1", 4), ("nf4", 4),
@@ -272,8 +283,10 @@ def buffers(op: str, kind: str, bits: int, io_dtype: str = "float32") -> list[tu
     return _TILE + dequant + [("rank-order sum", 1, _F32)] + requant
 
 
-def working_set(op: str, kind: str, bits: int, *, lanes: int, rows: int, io_dtype: str = "float32") -> int:
-    """UB bytes one tile of ``rows`` x ``lanes`` needs by the rule in the module docstring."""
+def working_set(op: str, kind: str, bits: int, *, lanes: int, rows: int, io_dtype: str = "float32",
+                tensor_scaled: bool = False) -> int:
+    """UB bytes one tile of ``rows`` x ``lanes`` needs by the rule in the module docstring; ``tensor_scaled``
+    (NVFP4) adds the per-row temporaries of its quantize's two divisions (TENSOR_SCALED_QUANTIZE_ROW_VECTORS)."""
     if lanes < MIN_LANES or lanes & (lanes - 1):
         raise PlanError(f"lanes must be a power of two >= {MIN_LANES}, got {lanes}")
     if rows < 1 or rows & (rows - 1):
@@ -282,7 +295,8 @@ def working_set(op: str, kind: str, bits: int, *, lanes: int, rows: int, io_dtyp
     lane_index = _pad32(lanes * _I32) + (_pad32(lanes // _PACK_GROUP[bits] * _I32) if bits != 8 else 0)
     if bits in (5, 6):  # [slots] vectors of the contiguous access: slot index, slot mask, 2 multiplier/weight rows
         lane_index += 4 * _pad32(8 * _I32)
-    return rows * per_row + ROW_VECTORS * _pad32(rows * _F32) + lane_index
+    row_vectors = ROW_VECTORS + (TENSOR_SCALED_QUANTIZE_ROW_VECTORS if tensor_scaled and op == "quantize" else 0)
+    return rows * per_row + row_vectors * _pad32(rows * _F32) + lane_index
 
 
 def _check_args(op: str, kind: str, bits: int, io_dtype: str | None) -> None:
@@ -300,21 +314,23 @@ def _lanes_for(block: int) -> int:
     return max(next_pow2(block), MIN_LANES)
 
 
-def _fit_rows(op: str, kind: str, bits: int, lanes: int, io_dtype: str, budget: int) -> int:
+def _fit_rows(op: str, kind: str, bits: int, lanes: int, io_dtype: str, budget: int, tensor_scaled: bool) -> int:
     """Largest power-of-two rows whose working set fits ``budget`` (0 if not even one row fits)."""
     rows = 0
     r = 1
-    while working_set(op, kind, bits, lanes=lanes, rows=r, io_dtype=io_dtype) <= budget:
+    while working_set(op, kind, bits, lanes=lanes, rows=r, io_dtype=io_dtype, tensor_scaled=tensor_scaled) <= budget:
         rows = r
         r *= 2
     return rows
 
 
 def plan_launch(*, op: str, numel: int, kind: str, bits: int, block: int, device: DeviceProps,
-                io_dtype: str = "float32", rows: int | None = None, programs: int | None = None) -> LaunchPlan:
+                io_dtype: str = "float32", rows: int | None = None, programs: int | None = None,
+                tensor_scaled: bool = False) -> LaunchPlan:
     """Plan one launch over ``numel`` elements (at most MAX_CHUNK_ELEMENTS: the launcher chunks bigger
     tensors so int32 offsets cannot wrap). ``rows`` overrides the tile height (a power of two that fits);
-    ``programs`` caps the grid (tests, tuning)."""
+    ``programs`` caps the grid (tests, tuning); ``tensor_scaled``: the format has a tensor scale (NVFP4),
+    whose quantize needs more per-row vectors (:func:`working_set`)."""
     _check_args(op, kind, bits, io_dtype)
     if isinstance(block, bool) or not isinstance(block, int) or block <= 0 or block % 8:
         raise PlanError(f"block must be a positive multiple of 8, got {block!r}")
@@ -326,12 +342,12 @@ def plan_launch(*, op: str, numel: int, kind: str, bits: int, block: int, device
     lanes = _lanes_for(block)
     n_blocks = -(-numel // block)
     multibuffer, budget = True, device.ub_bytes // 2
-    fit = _fit_rows(op, kind, bits, lanes, io_dtype, budget)
+    fit = _fit_rows(op, kind, bits, lanes, io_dtype, budget, tensor_scaled)
     if fit == 0:
         multibuffer, budget = False, device.ub_bytes
-        fit = _fit_rows(op, kind, bits, lanes, io_dtype, budget)
+        fit = _fit_rows(op, kind, bits, lanes, io_dtype, budget, tensor_scaled)
     if fit == 0:
-        need = working_set(op, kind, bits, lanes=lanes, rows=1, io_dtype=io_dtype)
+        need = working_set(op, kind, bits, lanes=lanes, rows=1, io_dtype=io_dtype, tensor_scaled=tensor_scaled)
         raise PlanError(
             f"{op} of {kind}/{bits}-bit with block={block} needs {need} bytes of UB for a single block row "
             f"({lanes} lanes), more than the {device.ub_bytes}-byte UB of {device.name}; use block <= "
@@ -350,7 +366,8 @@ def plan_launch(*, op: str, numel: int, kind: str, bits: int, block: int, device
         grid = min(grid, programs)
     return LaunchPlan(op=op, numel=numel, block=block, lanes=lanes, rows=rows, n_blocks=n_blocks, n_tiles=n_tiles,
                       grid=grid, multibuffer=multibuffer,
-                      ub_bytes_used=working_set(op, kind, bits, lanes=lanes, rows=rows, io_dtype=io_dtype),
+                      ub_bytes_used=working_set(op, kind, bits, lanes=lanes, rows=rows, io_dtype=io_dtype,
+                                                tensor_scaled=tensor_scaled),
                       ub_budget=budget)
 
 

@@ -51,7 +51,7 @@ class AscendGeometry:
     def plan(self, op: str, spec, numel: int, io_dtype: torch.dtype, device: torch.device, *,
              rows: int | None, programs: int | None) -> Launch:
         kw = dict(op=op, numel=numel, kind=spec.kind, bits=spec.bits, block=spec.block, device=self.props,
-                  io_dtype=_DTYPE_NAME[io_dtype], programs=programs)
+                  io_dtype=_DTYPE_NAME[io_dtype], programs=programs, tensor_scaled=spec.tensor_scaled)
         p = plan_launch(**kw, rows=rows)
         if rows is None:  # caps: AGOQ_ASCEND_MAX_ROWS, and what an "ub overflow" taught us for this kernel
             cap = min(max_rows_setting(), self.learned_caps.get(self._key(op, spec, io_dtype), 1 << 30))

@@ -201,3 +201,33 @@ def test_geometry_imports_no_torch_npu_or_triton():
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'torch_npu', 'triton')]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_nvfp4_quantize_counts_the_per_row_temporaries_of_its_two_divisions():
+    """NVFP4's quantize runs codes.exact_div twice per block row on the portable path: the UB rule adds
+    TENSOR_SCALED_QUANTIZE_ROW_VECTORS [rows] vectors for it (the quantize only), and the planner keeps the tile
+    inside the budget with them; the launcher passes the flag from the format."""
+    import torch
+
+    from agoq_ascend.launch import AscendGeometry
+    from agoq_core.formats.spec import get_format
+
+    nv = get_format("nvfp4")
+    assert nv.tensor_scaled and nv.block == 16
+    for rows in (1, 16, 64):
+        plain = working_set("quantize", nv.kind, nv.bits, lanes=32, rows=rows)
+        scaled = working_set("quantize", nv.kind, nv.bits, lanes=32, rows=rows, tensor_scaled=True)
+        assert scaled - plain == P.TENSOR_SCALED_QUANTIZE_ROW_VECTORS * -(-rows * 4 // 32) * 32
+        assert working_set("dequantize", nv.kind, nv.bits, lanes=32, rows=rows, tensor_scaled=True) == \
+            working_set("dequantize", nv.kind, nv.bits, lanes=32, rows=rows)
+    for dt in P.IO_DTYPES:
+        p = plan_launch(op="quantize", numel=1 << 24, kind=nv.kind, bits=nv.bits, block=nv.block, device=A2,
+                        io_dtype=dt, tensor_scaled=True)
+        assert p.ub_bytes_used == working_set("quantize", nv.kind, nv.bits, lanes=p.lanes, rows=p.rows, io_dtype=dt,
+                                              tensor_scaled=True) <= p.ub_budget
+        assert working_set("quantize", nv.kind, nv.bits, lanes=p.lanes, rows=2 * p.rows, io_dtype=dt,
+                           tensor_scaled=True) > p.ub_budget or p.rows * A2.vector_cores >= p.n_blocks
+    launched = AscendGeometry(A2).plan("quantize", nv, 1 << 24, torch.bfloat16, torch.device("cpu"), rows=None,
+                                       programs=None)
+    assert launched.plan.ub_bytes_used == working_set("quantize", nv.kind, nv.bits, lanes=launched.plan.lanes,
+                                                      rows=launched.plan.rows, io_dtype="bfloat16", tensor_scaled=True)
