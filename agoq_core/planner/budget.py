@@ -730,13 +730,19 @@ def plan_budget(model: object, *, budget: int | str, seq_len: int, batch: int = 
         # the true minimum over all mixes and orders: the smallest peak, time ignored
         lo = solve_budget([opts] * shape.layers, 1 << 62, floor_transient=floor, reorder=True, use_time=False)
         need = sum(st.values()) + fixed + lo.peak
+        fp8 = ""
+        if static.grads != "quangrad":  # what QuanGrad's FP8 gradient buffers would bring the floor down to
+            st_q = static_bytes(params, dataclasses.replace(static, grads="quangrad"))
+            need_q = need - sum(st.values()) + sum(st_q.values())
+            fp8 = (f", or FP8 gradients (grads='quangrad', `agoq plan --grads quangrad`: at least "
+                   f"{fmt_bytes(math.ceil(need_q / (1.0 - headroom)))})")
         raise BudgetError(
             f"{shape.name} at {batch} x {seq_len} tokens does not fit {fmt_bytes(budget_b)} ({fmt_bytes(usable)} "
             f"after {headroom:.0%} headroom) with any per-layer mix of {', '.join(o.name for o in opts)}: the "
             f"smallest needs {fmt_bytes(need)} = static {fmt_bytes(sum(st.values()))} (weights, grads, optimizer) + "
             f"{fmt_bytes(need - sum(st.values()))} of activations; need a budget of at least "
             f"{fmt_bytes(math.ceil(need / (1.0 - headroom)))}, or a shorter sequence, or smaller options "
-            f"(qckpt:nf4 keeps the least)")
+            f"(qckpt:nf4 keeps the least){fp8}")
     picked = [opts[j] for j in sol.choices]
     lf = sum(o.time_s for o in picked)
     notes = [_peak_note(picked, floor)]

@@ -165,6 +165,22 @@ def test_infeasible_budget_names_the_minimum():
         plan_budget("llama2-7b", budget=need - (1 << 24), seq_len=32768)
 
 
+def test_infeasible_budget_names_the_fp8_gradient_minimum_too():
+    """Without FP8 gradients the error also says what QuanGrad's buffers would need, and that floor is exact: it
+    fits with grads="quangrad" and 16 MiB less does not; with FP8 gradients already, it is not offered again."""
+    with pytest.raises(BudgetError, match="FP8 gradients") as ei:
+        plan_budget("llama2-7b", budget="30GiB", seq_len=32768)
+    msg = str(ei.value)
+    need_bf16 = parse_bytes(msg.split("at least ")[1].split(",")[0].replace(" ", ""))
+    need_fp8 = parse_bytes(msg.split("--grads quangrad`: at least ")[1].rstrip(")").replace(" ", ""))
+    assert need_fp8 < need_bf16
+    plan = plan_budget("llama2-7b", budget=need_fp8 + (1 << 21), seq_len=32768, grads="quangrad")
+    assert plan.grads == "quangrad"
+    with pytest.raises(BudgetError) as again:
+        plan_budget("llama2-7b", budget=need_fp8 - (1 << 24), seq_len=32768, grads="quangrad")
+    assert "FP8 gradients" not in str(again.value)
+
+
 def test_bad_input():
     with pytest.raises(PlannerError, match="unknown budget option"):
         parse_option("offload")
