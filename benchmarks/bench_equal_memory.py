@@ -135,6 +135,9 @@ def parse(argv=None):
     ap.add_argument("--warmup", type=int, default=1,
                     help="untimed steps before the timed ones [1]: the first compiles and allocates the optimizer "
                          "state; more exclude other one-time costs of later steps")
+    ap.add_argument("--qg-nonfinite", choices=("raise", "apply"), default="raise",
+                    help="QuanGrad's on_nonfinite in the *-qg configurations: raise (check before every step, one host "
+                         "synchronisation) or apply (no check, as the plain configurations) [raise]")
     ap.add_argument("--layers", type=int, default=None, help="override the 32 decoder layers")
     ap.add_argument("--budget-s", type=float, default=None, help="start no process after this many seconds")
     ap.add_argument("--cell-timeout-s", type=float, default=None,
@@ -223,11 +226,11 @@ class _QuanGradStep:
     16-bit .grad is freed at once), ``step()`` dequantizes bucket by bucket and steps the 8-bit AdamW on the bf16
     weights (no master copy, as the other configurations), then zeroes the buffers."""
 
-    def __init__(self, model, factory):
+    def __init__(self, model, factory, on_nonfinite="raise"):
         from agoq_core import quangrad
 
         self.qg = quangrad.QuanGradDDP(model, factory, config=quangrad.QuanGradConfig(
-            fmt="fp8_e4m3", master_weights="off", on_nonfinite="raise"))
+            fmt="fp8_e4m3", master_weights="off", on_nonfinite=on_nonfinite))
 
     def step(self):
         self.qg.step()
@@ -247,13 +250,16 @@ class _QuanGradStep:
             p.grad = None
 
 
-def _optimizer(model, device, quangrad=False):
+def _optimizer(model, device, quangrad=False, on_nonfinite="raise"):
+    """``on_nonfinite``: QuanGrad's (--qg-nonfinite): "raise" checks the gradient before every step (one host
+    synchronisation), "apply" does not, as the plain configurations do not."""
     import torch
 
     if quangrad:
         from torchao.optim import AdamW8bit
 
-        return _QuanGradStep(model, lambda ps: AdamW8bit(ps, lr=1e-5)), "QuanGrad fp8_e4m3 + torchao.optim.AdamW8bit"
+        return (_QuanGradStep(model, lambda ps: AdamW8bit(ps, lr=1e-5), on_nonfinite),
+                f"QuanGrad fp8_e4m3 (on_nonfinite={on_nonfinite}) + torchao.optim.AdamW8bit")
     try:
         from torchao.optim import AdamW8bit
 
@@ -675,7 +681,8 @@ def run_cell(cell):
                 model = build(cell, device)
                 loss_kind, desc = _setup(model, config, seq, cell, device, state)
                 res.update(desc, loss_kind=loss_kind)
-                opt, res["optimizer"] = _optimizer(model, device, state.get("quangrad", False))
+                opt, res["optimizer"] = _optimizer(model, device, state.get("quangrad", False),
+                                                   cell.get("qg_nonfinite", "raise"))
                 if cell["fake_oom_above"] is not None and seq > cell["fake_oom_above"]:
                     raise _FakeOOM(f"simulated OOM above {cell['fake_oom_above']} tokens")
                 gen = torch.Generator().manual_seed(seq)
@@ -777,7 +784,7 @@ def _seqs(text, smoke):
 def _cells(args, measured=None):
     dev = "cpu" if args.smoke else "cuda"
     common = dict(device=dev, smoke=args.smoke, layers=args.layers, steps=args.steps, warmup=args.warmup,
-                  batch=args.batch,
+                  batch=args.batch, qg_nonfinite=args.qg_nonfinite,
                   fake_oom_above=args.fake_oom_above, measured=measured,
                   compile_backend=args.compile_backend or ("eager" if args.smoke else "inductor"))
     configs = args.configs.split(",") if args.configs else None

@@ -103,10 +103,10 @@ for spec in "$@"; do
                 --json "$OUT/bench_equal_memory_cells.json") ;;
     # issue 18: where FP8 gradients' ~0.17 s per step goes (docs/benchmarks.md §5.9): the float8 policy with and
     # without QuanGrad's FP8 buffers at 32K, one profiled step each (kernel groups and top_kernels) after the timed ones
-    # (QG_STEPS of them, default 2)
+    # (QG_STEPS of them, default 2); QG_NONFINITE=apply: QuanGrad without its check before the step (no host sync)
     qg-profile) mkdir -p "$OUT/prof"
                 cmd=(env AGOQ_BENCH_PROFILE="$OUT/prof" python3 benchmarks/bench_equal_memory.py --configs policy-m-fp8-qg,policy-m-fp8 \
-                     --caps 0 --seqs 32K --steps ${QG_STEPS:-2} --warmup 2 --cell-timeout-s $(( (secs - 10) / 2 )) \
+                     --caps 0 --seqs 32K --steps ${QG_STEPS:-2} --warmup 2 --qg-nonfinite ${QG_NONFINITE:-raise} --cell-timeout-s $(( (secs - 10) / 2 )) \
                      --layer-costs "${CELLS_COSTS:-docs/bench/h100-2026-12-06-s11/cells-16k/bench_layer_profile_custom.json}" \
                      --json "$OUT/bench_equal_memory_qgprof.json") ;;
     float8-ce) cmd=(python3 benchmarks/bench_equal_memory.py --configs fp8-ce-c --caps 0 --seqs 32K \

@@ -57,8 +57,8 @@ class StepReport:
     """Global L2 norm of the reduced (averaged) gradient before clipping; NaN/Inf if non-finite."""
     clip_coef: float
     nonfinite_params: tuple[str, ...] = ()
-    """Parameters whose gradient held NaN/Inf (empty unless skipped for that reason; sharded mode
-    names only those this rank's shard saw)."""
+    """Parameters whose gradient held NaN/Inf (empty unless skipped for that reason, or applied anyway with
+    ``on_nonfinite="apply"``; sharded mode names only those this rank's shard saw)."""
     wire_bytes: int = 0
     """Bytes this rank sent in gradient collectives for this step."""
 
@@ -489,12 +489,14 @@ class QuanGradDDP(torch.nn.Module):
         avg = 1.0 / self.world_size if cfg.average else 1.0
         # Nothing to clip and every block finite (a NaN scale marks a block that held NaN/Inf, the only way the
         # norm can be non-finite): the norm is only reported, so it is summed from the fp32 gradient the optimizer
-        # step dequantizes anyway -- one dequantize per bucket, not two; the same float.
+        # step dequantizes anyway -- one dequantize per bucket, not two; the same float. on_nonfinite="apply" does
+        # not look first (has_nonfinite is a host synchronisation): the step is applied whatever the gradient.
+        apply = cfg.on_nonfinite == "apply"
         one_pass = cfg.max_grad_norm is None and not cfg.sharded and cfg.step_per_bucket \
-            and not self.storage.has_nonfinite()
+            and (apply or not self.storage.has_nonfinite())
         norm = 0.0 if one_pass else self._global_norm(avg)
         self._attempts += 1
-        if not math.isfinite(norm):
+        if not math.isfinite(norm) and not apply:
             names = tuple(self.storage.nonfinite_params()) if not cfg.sharded else tuple(self._nonfinite_shard_params())
             self.zero_grad()
             reason = f"non-finite gradient (norm {norm}) in {', '.join(names[:8]) or 'another rank'}"
@@ -506,8 +508,11 @@ class QuanGradDDP(torch.nn.Module):
                             self.skipped_steps, reason)
             return StepReport(step=self._steps, skipped=True, reason=reason, grad_norm=norm, clip_coef=0.0,
                               nonfinite_params=names, wire_bytes=wire)
+        names: tuple[str, ...] = ()
+        if apply and not math.isfinite(norm):  # known before the step (clipping or sharding computed it): name them
+            names = tuple(self.storage.nonfinite_params()) if not cfg.sharded else tuple(self._nonfinite_shard_params())
         coef = 1.0
-        if cfg.max_grad_norm is not None:
+        if cfg.max_grad_norm is not None and math.isfinite(norm):
             coef = min(1.0, cfg.max_grad_norm / (norm + 1e-6))  # torch.nn.utils.clip_grad_norm_'s rule
         with torch.no_grad():
             if cfg.sharded:
@@ -517,9 +522,17 @@ class QuanGradDDP(torch.nn.Module):
                 self._step_replicated(avg * coef, sums=sums)
                 if one_pass:
                     norm = self._bucket_norm(sums, self.storage.bucket_fp32, avg)
+        reason = None
+        if apply and not math.isfinite(norm):  # applied anyway, as asked: say so once the norm is known
+            if one_pass:  # the storage still holds the gradient (zeroed below)
+                names = tuple(self.storage.nonfinite_params())
+            reason = (f"non-finite gradient (norm {norm}) applied (on_nonfinite='apply') in "
+                      f"{', '.join(names[:8]) or 'another rank'}")
+            if self.rank == 0:
+                log.warning("agoq QuanGrad: step %d: %s", self._attempts, reason)
         self.zero_grad()
-        report = StepReport(step=self._steps, skipped=False, reason=None, grad_norm=norm, clip_coef=coef,
-                            wire_bytes=wire)
+        report = StepReport(step=self._steps, skipped=False, reason=reason, grad_norm=norm, clip_coef=coef,
+                            nonfinite_params=names, wire_bytes=wire)
         self._steps += 1
         return report
 

@@ -463,6 +463,13 @@ def test_policy_m_fp8_with_quangrad_plans_fp8_gradients(bench):
         assert row["quangrad"] and row["optimizer"].startswith("QuanGrad") and not row["oom"]
         g, g0 = row["predicted_parts"]["grads"], plain["predicted_parts"]["grads"]
         assert 0.45 < g / g0 < 0.6, (g, g0)
+    # --qg-nonfinite apply: the same row with QuanGrad's check before the step off, recorded in the row
+    (row,) = bench.run_cell(_cell("policy-m-fp8-qg", [64], measured=measured, qg_nonfinite="apply"))
+    assert not row.get("failed"), row.get("traceback")
+    assert "on_nonfinite=apply" in row["optimizer"] and row["quangrad"], row["optimizer"]
+    (row,) = bench.run_cell(_cell("policy-m-fp8-qg", [64], measured=measured))
+    assert "on_nonfinite=raise" in row["optimizer"], row["optimizer"]  # the default: checked before every step
+    assert bench.parse(["--qg-nonfinite", "apply"]).qg_nonfinite == "apply" and bench.parse([]).qg_nonfinite == "raise"
 
 
 def test_policy_m_fp8_auto_runs_the_gradient_storage_its_plan_chose(bench, monkeypatch):

@@ -255,6 +255,19 @@ def wrapper(rank: int, world: int) -> dict:
     except Exception as exc:
         out["nonfinite_raise"] = f"{type(exc).__name__}: {exc}"
 
+    # 3b. on_nonfinite="apply", replicated and sharded: a NaN on rank 1 is applied on every rank and reported after
+    out["nonfinite_apply"] = {}
+    for sharded in (False, True):
+        qg = make(QuanGradConfig(min_compress_bytes=0, on_nonfinite="apply", sharded=sharded), opt="sgd", lr=0.1)
+        x, y = next(batches(4, rank, 1, 1))[0]
+        if rank == 1:
+            x = x.clone()
+            x[0, 0] = float("nan")
+        torch.nn.functional.mse_loss(qg(x), y).backward()
+        before = _params(qg.module)
+        rep = qg.step()
+        out["nonfinite_apply"][sharded] = (rep, all(torch.equal(before[n], p) for n, p in qg.module.named_parameters()))
+
     # 4. misuse: a second backward after the window's buckets were launched (forgotten no_sync)
     qg = make(QuanGradConfig(min_compress_bytes=0))
     x, y = next(batches(5, rank, 1, 1))[0]

@@ -272,6 +272,14 @@ def test_nonfinite_gradient_skips_the_step_on_every_rank(wrap2):
     assert "NonFiniteError" in wrap2[0]["nonfinite_raise"] and "not applied" in wrap2[0]["nonfinite_raise"]
 
 
+def test_apply_mode_applies_a_nonfinite_step_on_every_rank_and_reports_it(wrap2):
+    for r in range(2):
+        for sharded in (False, True):
+            rep, unchanged = wrap2[r]["nonfinite_apply"][sharded]
+            assert not rep.skipped and not unchanged and rep.step == 0, (r, sharded, rep)
+            assert rep.grad_norm != rep.grad_norm and "applied" in rep.reason and rep.nonfinite_params, (r, sharded)
+
+
 def test_misuse_gets_clear_errors(wrap2):
     assert "no_sync" in wrap2[0]["second_backward"] and "already all-reduced" in wrap2[0]["second_backward"]
     assert "no gradient was accumulated" in wrap2[0]["empty_step"]

@@ -113,6 +113,68 @@ def test_nonfinite_is_reported_and_the_step_skipped_or_raised():
         qg2.step()
 
 
+def _syncs_before_the_optimizer(qg, monkeypatch):
+    """Count host synchronisations (Tensor.item / __bool__ / tolist / __float__) made before the inner optimizer's
+    first step() call of the next qg.step(); returns a dict filled in when that happens."""
+    seen = {"syncs": 0, "at_optimizer": None}
+    for name in ("item", "__bool__", "tolist", "__float__"):
+        orig = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _orig=orig, **k):
+            seen["syncs"] += 1
+            return _orig(self, *a, **k)
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    inner = qg.optimizer.step
+
+    def step(*a, **k):
+        if seen["at_optimizer"] is None:
+            seen["at_optimizer"] = seen["syncs"]
+        return inner(*a, **k)
+    monkeypatch.setattr(qg.optimizer, "step", step)
+    return seen
+
+
+def test_apply_mode_steps_without_looking_first_and_reports_afterwards(monkeypatch, caplog):
+    """on_nonfinite="apply": the same step as "skip" for a finite gradient, with no host synchronisation before the
+    optimizer runs ("skip" makes one); a NaN gradient is applied (as plain training would), and the report and a
+    warning say so and name the parameter; with clipping the norm is known first and the step still applies."""
+    torch.manual_seed(0)
+    base = TinyNet()
+    x, y = next(batches(10, 0, 1, 1))[0]
+    states, syncs = {}, {}
+    for mode in ("skip", "apply"):
+        model = TinyNet()
+        model.load_state_dict(base.state_dict())
+        qg = QuanGradDDP(model, optimizer_factory("sgd", lr=0.1), config=QuanGradConfig(on_nonfinite=mode))
+        torch.nn.functional.mse_loss(qg(x), y).backward()
+        with monkeypatch.context() as m:
+            seen = _syncs_before_the_optimizer(qg, m)
+            rep = qg.step()
+        assert not rep.skipped and rep.reason is None and rep.nonfinite_params == () and rep.grad_norm > 0
+        states[mode], syncs[mode] = {n: p.detach().clone() for n, p in model.named_parameters()}, seen["at_optimizer"]
+    assert syncs == {"skip": 1, "apply": 0}
+    assert all(torch.equal(states["skip"][n], states["apply"][n]) for n in states["skip"])
+
+    for clip in (None, 1.0):
+        model = TinyNet()
+        model.load_state_dict(base.state_dict())
+        qg = QuanGradDDP(model, optimizer_factory("sgd", lr=0.1),
+                         config=QuanGradConfig(on_nonfinite="apply", max_grad_norm=clip))
+        model.fc1.weight.register_hook(lambda g: g.index_put((torch.tensor([3]), torch.tensor([5])),
+                                                             torch.tensor(float("nan"))))
+        torch.nn.functional.mse_loss(qg(x), y).backward()
+        with caplog.at_level("WARNING", logger="agoq"):
+            rep = qg.step()
+        assert not rep.skipped and rep.grad_norm != rep.grad_norm and rep.clip_coef == 1.0, rep
+        assert rep.nonfinite_params == ("fc1.weight",) and "applied" in rep.reason and "fc1.weight" in rep.reason
+        assert torch.isnan(model.fc1.weight).any() and qg.skipped_steps == 0 and qg._steps == 1
+        assert any("applied (on_nonfinite='apply')" in r.getMessage() for r in caplog.records)
+        caplog.clear()
+        assert not qg.storage.has_nonfinite()  # the window was zeroed after the step
+    with pytest.raises(ValueError, match="'skip', 'raise' or 'apply'"):
+        QuanGradConfig(on_nonfinite="ignore")
+
+
 def test_consecutive_skipped_steps_log_one_numbered_line_each(caplog):
     # Regression (GPU convergence run): after the first skip every later skip was logged as the same
     # step number, which read as one step printed many times.
