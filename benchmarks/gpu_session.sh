@@ -4,7 +4,7 @@
 # Stages: conformance, laaq, quangrad, laaq-fusion, fusion, codecs, torchtitan, equal-memory, equal-memory-m,
 # layer-profile-64k, layer-profile-qc32k, policy-80, longest, laaq-16k, layer-profile-fp8, float8-m, float8-80, float8-ce, liger, layer-profile-fp8-64k, float8-80-64k, float8-64k, cells, integrations, grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host,
 # dequant-tiles, norm-fusion, train-split-c, train-profile, train-profile-c, layer-host, train-alone, ab-codecs, maxnreg, layer-profile, ncu-norm,
-# norm-prefetch16, absmax, qg-profile. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
+# norm-prefetch16, absmax, qg-profile, nvfp4-norm-probe. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
 set -u
 source "$(dirname "$0")/gpu_env.sh"
 OUT=${OUT:-/tmp/agoq-out}; mkdir -p "$OUT"
@@ -168,6 +168,9 @@ for spec in "$@"; do
     maxnreg) cmd=(python3 benchmarks/bench_maxnreg.py --json "$OUT/bench_maxnreg.json") ;;
     # NVFP4's tensor-scale pass (absmax_kernel) over rows x warps x programs at 1 GiB, beside the whole quantize (~1-2 min)
     absmax) cmd=(python3 benchmarks/bench_absmax.py --json "$OUT/bench_absmax.json") ;;
+    # the fused NVFP4 norm's 207 -> 371 us between two H100 runs of 2026-12-07: tensor-scale pass, fused norm (eager and
+    # CUDA graph) and codec quantize with each partials launch, and a profile of five fused calls (~1 min)
+    nvfp4-norm-probe) cmd=(python3 benchmarks/probe_nvfp4_norm.py) ;;
     *) echo "unknown stage $stage"; continue ;;
   esac
   start=$(date +%s)
