@@ -117,6 +117,12 @@ def parse(argv=None):
                     help="no run: read the rows of earlier bench_equal_memory JSONs (comma-separated; a later file's "
                          "row replaces an earlier one for the same configuration, cap and length), print the table "
                          "and summary, write the merged JSON and the Pareto plot (--json)")
+    ap.add_argument("--matrix", action="store_true",
+                    help="with --merge: print which cells of issue 18's matrix (MATRIX_CONFIGS x MATRIX_SEQS x the two "
+                         "budgets) the rows cover, and the cells-stage commands that would measure the rest")
+    ap.add_argument("--matrix-caps", default="0,80",
+                    help="with --matrix: the budgets of the matrix in GiB [0,80]; on an 80 GB card the merged 80 GiB "
+                         "rows are its whole device, so give 0")
     ap.add_argument("--configs", default=None, help=f"comma-separated, from {','.join(ALL_CONFIGS)}")
     ap.add_argument("--seqs", default=None, help="ladder (default 8K,16K,32K,64K,96K,128K,160K,192K,256K)")
     ap.add_argument("--caps", default=None, help="memory caps in GiB, 0 = whole device (default 0,80)")
@@ -1018,7 +1024,69 @@ def plot(rows, path):
     return str(path)
 
 
-def merge(paths, out=None) -> int:
+#: Issue 18's matrix: the alternatives (plain, full / partial / op-level selective checkpointing, each eager and
+#: compiled; CPU offload; Liger and torchao float8, each with the fastest checkpointing that fits, float8 also with
+#: the chunked loss) and AGoQ's (LAAQ compiled, with float8 GEMMs, the budget policy and its float8 form), at
+#: 8K-128K tokens under both budgets (the whole device and an 80 GiB cap).
+MATRIX_CONFIGS = ("plain", "plain-c", "ckpt", "ckpt-c", "partial", "partial-c", "sac", "sac-c", "offload", "liger",
+                  "fp8-c", "fp8-ce-c", "laaq-c", "laaq-fp8-c", "policy-m", "policy-m-fp8")
+MATRIX_SEQS = (8 * K, 16 * K, 32 * K, 64 * K, 128 * K)
+#: Cells one ~9-minute device call measures: a cell (model load, compilation, warm-up, 2 steps) takes 1-2 minutes.
+MATRIX_CELLS_PER_CALL = 5
+
+
+def matrix(rows, configs=MATRIX_CONFIGS, seqs=MATRIX_SEQS, caps=(0.0, 80.0)) -> dict:
+    """Which cells of the matrix the rows cover: per (config, cap, seq) "ok" (measured), "oom" (ran out of memory),
+    "oom-implied" (a shorter length of the same configuration and cap ran out of memory) or "missing"; the counts;
+    and per cap the ``cells`` stage commands that would measure the missing ones (configurations with the same
+    missing lengths together)."""
+    by = {(r["config"], float(r.get("cap_gib") or 0), r["seq"]): r for r in rows
+          if not r.get("failed") and not r.get("unavailable")}
+    cells, counts, todo = {}, {"ok": 0, "oom": 0, "oom-implied": 0, "missing": 0}, {}
+    for cap in caps:
+        for c in configs:
+            first_oom = min((q for (cc, cp, q), r in by.items() if cc == c and cp == cap and r.get("oom")),
+                            default=None)
+            lacking = []
+            for q in seqs:
+                r = by.get((c, cap, q))
+                st = ("oom" if r.get("oom") else "ok") if r is not None else (
+                    "oom-implied" if first_oom is not None and q > first_oom else "missing")
+                cells[f"{c}@{cap:g}@{q}"] = st
+                counts[st] += 1
+                if st == "missing":
+                    lacking.append(q)
+            if lacking:
+                todo.setdefault((cap, tuple(lacking)), []).append(c)
+    commands = []
+    for (cap, qs), cs in sorted(todo.items()):
+        per = max(1, MATRIX_CELLS_PER_CALL // len(qs))  # configurations per call: ~MATRIX_CELLS_PER_CALL cells
+        for i in range(0, len(cs), per):
+            commands.append(f"CELLS_CONFIGS={','.join(cs[i:i + per])} CELLS_SEQS={','.join(f'{q // K}K' for q in qs)} "
+                            f"CELLS_CAPS={cap:g} bash benchmarks/gpu_session.sh cells:560")
+    return {"configs": list(configs), "seqs": list(seqs), "caps": list(caps), "cells": cells, "counts": counts,
+            "commands": commands}
+
+
+def _print_matrix(m) -> None:
+    mark = {"ok": "ok", "oom": "OOM", "oom-implied": "(oom)", "missing": "-"}
+    total = sum(m["counts"].values())
+    print(f"\nissue 18's matrix: {len(m['configs'])} configurations x {len(m['seqs'])} lengths x {len(m['caps'])} "
+          f"budgets = {total} cells: " + ", ".join(f"{v} {k}" for k, v in m["counts"].items()))
+    for cap in m["caps"]:
+        print(f"cap {cap:g} ({'whole device' if not cap else f'{cap:g} GiB'}):  " +
+              " ".join(f"{q // K:>6}K" for q in m["seqs"]))
+        for c in m["configs"]:
+            print(f"  {c:14s}" + " ".join(f"{mark[m['cells'][f'{c}@{cap:g}@{q}']]:>7s}" for q in m["seqs"]))
+    if m["commands"]:
+        n = m["counts"]["missing"]
+        print(f"to measure the {n} missing cells ({len(m['commands'])} device calls of ~9 minutes; a ladder stops at its "
+              "first out-of-memory length, so calls past a configuration's limit end early):")
+        for cmd in m["commands"]:
+            print("  " + cmd)
+
+
+def merge(paths, out=None, show_matrix=False, matrix_caps=(0.0, 80.0)) -> int:
     """Rows of several runs in one table, summary and Pareto plot; the newest row (later file) per
     (configuration, cap, length) wins, an OOM row never replaces a measured one. A cap at or above the memory the
     run's device has (its meta's ``memory_gib``: an 80 GiB cap on an 80 GB H100) is no cap: such rows merge as the
@@ -1046,6 +1114,9 @@ def merge(paths, out=None) -> int:
     summary = summarize(merged)
     for k, b in summary["reach"].items():
         print(f"{k:24s} longest that ran {b['fits'] or '-':>8}   out of memory at {b['oom'] or '-'}")
+    summary["matrix"] = matrix(merged, caps=tuple(matrix_caps))
+    if show_matrix:
+        _print_matrix(summary["matrix"])
     if out:
         _write_json(out, {"meta": {"merged_from": paths}, "runs": merged, "summary": summary})
         png = plot(merged, Path(out).with_suffix(".png"))
@@ -1060,7 +1131,11 @@ def main(argv=None):
         run_cell(json.loads(args.cell))
         return 0
     if args.merge:
-        return merge(args.merge.split(","), args.json)
+        try:
+            caps = tuple(float(c) for c in args.matrix_caps.split(","))
+        except ValueError:
+            raise SystemExit(f"--matrix-caps: comma-separated GiB numbers, got {args.matrix_caps!r}") from None
+        return merge(args.merge.split(","), args.json, show_matrix=args.matrix, matrix_caps=caps)
     t_start = time.time()
     budget_s = args.budget_s if args.budget_s is not None else (205.0 if args.quick and not args.smoke else None)
     rows, skipped = [], []

@@ -499,3 +499,35 @@ def test_laaq_with_hf_loss_keeps_plain_loss(bench):
     (row,) = bench.run_cell(_cell("laaq-hf", [64]))
     assert not row.get("failed"), row.get("traceback")
     assert row["loss_kind"] == "hf" and not row["oom"] and "laaq" in row
+
+
+def test_matrix_marks_measured_oom_implied_and_missing_cells_and_plans_the_rest(bench, tmp_path, capsys):
+    """--merge --matrix: each cell of issue 18's matrix is measured, out of memory, out of memory by implication (a
+    shorter length of the same configuration and budget ran out) or missing; the missing ones come back as cells-stage
+    commands of at most MATRIX_CELLS_PER_CALL cells, grouped by their missing lengths."""
+    import json
+
+    K = 1024
+    rows = [{"config": "plain-c", "seq": 8 * K, "cap_gib": 0, "oom": False, "tokens_per_s": 9.0, "peak_bytes": 1},
+            {"config": "plain-c", "seq": 16 * K, "cap_gib": 0, "oom": True, "error": "OOM"},
+            {"config": "policy-m", "seq": 32 * K, "cap_gib": 80, "oom": False, "tokens_per_s": 7.0, "peak_bytes": 1},
+            {"config": "qckpt-c", "seq": 320 * K, "cap_gib": 0, "oom": False, "tokens_per_s": 1.0, "peak_bytes": 1}]
+    m = bench.matrix(rows, configs=("plain-c", "policy-m"), seqs=(8 * K, 16 * K, 32 * K), caps=(0.0, 80.0))
+    assert m["cells"]["plain-c@0@8192"] == "ok" and m["cells"]["plain-c@0@16384"] == "oom"
+    assert m["cells"]["plain-c@0@32768"] == "oom-implied" and m["cells"]["policy-m@80@32768"] == "ok"
+    assert m["cells"]["policy-m@0@8192"] == "missing" and m["cells"]["plain-c@80@32768"] == "missing"
+    assert m["counts"] == {"ok": 2, "oom": 1, "oom-implied": 1, "missing": 8}  # qckpt-c is not in the matrix
+    assert m["commands"] == [
+        "CELLS_CONFIGS=policy-m CELLS_SEQS=8K,16K,32K CELLS_CAPS=0 bash benchmarks/gpu_session.sh cells:560",
+        "CELLS_CONFIGS=policy-m CELLS_SEQS=8K,16K CELLS_CAPS=80 bash benchmarks/gpu_session.sh cells:560",
+        "CELLS_CONFIGS=plain-c CELLS_SEQS=8K,16K,32K CELLS_CAPS=80 bash benchmarks/gpu_session.sh cells:560"]
+    many = bench.matrix([], configs=tuple(bench.MATRIX_CONFIGS[:7]), seqs=(8 * K,), caps=(0.0,))["commands"]
+    assert [c.split()[0].count(",") + 1 for c in many] == [5, 2]  # one length: MATRIX_CELLS_PER_CALL configs a call
+    p, out = tmp_path / "a.json", tmp_path / "m.json"
+    p.write_text(json.dumps({"runs": rows}))
+    assert bench.main(["--merge", str(p), "--json", str(out), "--matrix", "--matrix-caps", "0"]) == 0
+    printed = capsys.readouterr().out
+    assert "issue 18's matrix: 16 configurations x 5 lengths x 1 budgets = 80 cells" in printed
+    assert json.loads(out.read_text())["summary"]["matrix"]["caps"] == [0.0]
+    with pytest.raises(SystemExit, match="--matrix-caps"):
+        bench.main(["--merge", str(p), "--matrix", "--matrix-caps", "80GiB"])
