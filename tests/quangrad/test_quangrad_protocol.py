@@ -231,7 +231,7 @@ def test_storage_folds_each_gradient_like_the_accumulate_reference():
     ({"min_compress_bytes": -1}, "int >= 0"),
     ({"max_grad_norm": 0.0}, "> 0 or None"),
     ({"bucket_cap_mb": 0}, "positive number"),
-    ({"on_nonfinite": "ignore"}, "'skip' or 'raise'"),
+    ({"on_nonfinite": "ignore"}, "'skip', 'raise' or 'apply'"),
     ({"fallback_dtype": "fp16"}, "'fp32' or 'bf16'"),
 ])
 def test_config_validates(kwargs, match):
