@@ -497,7 +497,7 @@ class QuanGradDDP(torch.nn.Module):
         norm = 0.0 if one_pass else self._global_norm(avg)
         self._attempts += 1
         if not math.isfinite(norm) and not apply:
-            names = tuple(self.storage.nonfinite_params()) if not cfg.sharded else tuple(self._nonfinite_shard_params())
+            names = self._nonfinite_names()
             self.zero_grad()
             reason = f"non-finite gradient (norm {norm}) in {', '.join(names[:8]) or 'another rank'}"
             if cfg.on_nonfinite == "raise":
@@ -510,7 +510,7 @@ class QuanGradDDP(torch.nn.Module):
                               nonfinite_params=names, wire_bytes=wire)
         names: tuple[str, ...] = ()
         if apply and not math.isfinite(norm):  # known before the step (clipping or sharding computed it): name them
-            names = tuple(self.storage.nonfinite_params()) if not cfg.sharded else tuple(self._nonfinite_shard_params())
+            names = self._nonfinite_names()
         coef = 1.0
         if cfg.max_grad_norm is not None and math.isfinite(norm):
             coef = min(1.0, cfg.max_grad_norm / (norm + 1e-6))  # torch.nn.utils.clip_grad_norm_'s rule
@@ -525,7 +525,7 @@ class QuanGradDDP(torch.nn.Module):
         reason = None
         if apply and not math.isfinite(norm):  # applied anyway, as asked: say so once the norm is known
             if one_pass:  # the storage still holds the gradient (zeroed below)
-                names = tuple(self.storage.nonfinite_params())
+                names = self._nonfinite_names()
             reason = (f"non-finite gradient (norm {norm}) applied (on_nonfinite='apply') in "
                       f"{', '.join(names[:8]) or 'another rank'}")
             if self.rank == 0:
@@ -535,6 +535,13 @@ class QuanGradDDP(torch.nn.Module):
                             nonfinite_params=names, wire_bytes=wire)
         self._steps += 1
         return report
+
+    def _nonfinite_names(self) -> tuple[str, ...]:
+        """The parameters whose gradient holds NaN/Inf (sharded: those this rank's shard saw); call before the
+        window is zeroed (and, sharded, before the step drops the shards)."""
+        if self.config.sharded:
+            return tuple(self._nonfinite_shard_params())
+        return tuple(self.storage.nonfinite_params())
 
     def _nonfinite_shard_params(self) -> list[str]:
         out = []
