@@ -152,7 +152,12 @@ def parse(argv=None):
     ap.add_argument("--compile-backend", default=None, help="torch.compile backend (default inductor; eager with --smoke)")
     ap.add_argument("--fake-oom-above", type=int, default=None, help="testing: simulated OOM above this many tokens")
     ap.add_argument("--cell", default=None, help=argparse.SUPPRESS)  # internal: run one configuration's ladder
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    for name in ("budget_s", "cell_timeout_s"):  # a negative budget would start nothing and report an empty run
+        v = getattr(args, name)
+        if v is not None and not v > 0:
+            ap.error(f"--{name.replace('_', '-')} must be > 0 seconds, got {v:g}")
+    return args
 
 
 # ============================================================ child: one configuration, one cap, its ladder
@@ -938,6 +943,9 @@ def table(rows, smoke):
                              if v is not None)
         if r.get("compile_fallbacks"):
             note = f"EAGER FALLBACK x{len(r['compile_fallbacks'])}; " + note
+        if r.get("config") == "policy-m" and str(r.get("costs", "")).startswith("analytic"):
+            # --layer-costs held no bf16 options at this length (e.g. a float8-only profile): the eager analytic plan
+            note = "ANALYTIC COSTS (eager options); " + note
         pred = f"{r['predicted_peak_bytes'] / unit:.1f}" if r.get("predicted_peak_bytes") else ""
         lines.append(f"{r['config']:<14} {cap:>5} {r['seq']:>7} {tps:>10} {med:>10} {pk:>10} {pred:>10}  {note}")
     return "\n".join(lines)
@@ -994,6 +1002,8 @@ def plot(rows, path):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    if not rows:  # nothing ran (every cell skipped): no figure, the JSON says why
         return None
     caps = sorted({r["cap_gib"] for r in rows})
     names = list(dict.fromkeys(r["config"] for r in rows))

@@ -96,7 +96,8 @@ for spec in "$@"; do
     # any slice of the equal-memory matrix (issue 18), e.g. the rows not measured yet:
     #   CELLS_CONFIGS=plain-c,fp8-ce-c,laaq-c,policy-m-fp8 CELLS_SEQS=8K CELLS_CAPS=0,80 bash gpu_session.sh cells:560
     # CELLS_COSTS: per-layer profiles for the policy-m* rows (default: the 32K float8 one); CELLS_STEPS (2), CELLS_WARMUP (2)
-    cells) cmd=(python3 benchmarks/bench_equal_memory.py --configs "${CELLS_CONFIGS:?set CELLS_CONFIGS}" \
+    cells) if [ "$secs" -le 60 ]; then echo "cells needs a limit above 60 s (its --budget-s is the limit - 60): got $secs"; continue; fi
+           cmd=(python3 benchmarks/bench_equal_memory.py --configs "${CELLS_CONFIGS:?set CELLS_CONFIGS}" \
                 --caps "${CELLS_CAPS:-0}" --seqs "${CELLS_SEQS:?set CELLS_SEQS}" --steps "${CELLS_STEPS:-2}" --warmup "${CELLS_WARMUP:-2}" \
                 --cell-timeout-s 240 --budget-s $((secs - 60)) \
                 --layer-costs "${CELLS_COSTS:-docs/bench/h200-2026-12-02-s3/bench_layer_profile_fp8.json}" \

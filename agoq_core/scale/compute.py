@@ -162,15 +162,14 @@ def optimizer_seconds(params: float, dev: DeviceProfile, optimizer: str) -> floa
 #: own work, in bytes of copy bandwidth per parameter: the backward's accumulate of each bf16 gradient into its
 #: buffer, and the step's dequantize to an fp32 buffer, the reported norm, the cast to the weights' dtype and the
 #: zeroing (QuanGradDDP.step). Counted, that is about 20 B; measured, it costs more. LLaMA-2-7B on an H100, the
-#: float8 budget policy with and without FP8 gradients in the same run (2026-12-07, docs/benchmarks.md §5.9, §5.10):
-#: the FP8 plans were predicted 0.112 s (32K) and 0.233 s (64K) faster per step from their extra LAAQ layers; three
-#: pairs put the FP8 buffers' cost at 0.159 and 0.080 s (32K, two runs) and 0.181 s (64K) per step: 0.140 s on
-#: average, 62 B per parameter at the card's copy bandwidth. A profile (§5.10) found their kernels ~20-30 ms and the
-#: rest GPU idle time in the optimizer step: on_nonfinite's check before the step is a host synchronisation, after
-#: which the optimizer's host work (torchao's AdamW8bit: one compiled call per tensor) is no longer hidden behind
-#: the GPU's queue. Fitted with that check on (the bench's "raise"); on_nonfinite="apply" should cost less, not
-#: measured yet. bf16 / fp32 .grad: nothing beyond the optimizer's.
-GRAD_STORAGE_STEP_BYTES_PER_PARAM = {"quangrad": 62.0, "bf16": 0.0, "fp32": 0.0}
+#: float8 budget policy with and without FP8 gradients in the same run (docs/benchmarks.md §5.9-§5.11): the FP8 plans
+#: were predicted 0.112 s (32K) and 0.233 s (64K) faster per step from their extra LAAQ layers; four pairs put the
+#: FP8 buffers' cost at 0.159, 0.080 and 0.030 s (32K, three runs) and 0.181 s (64K) per step: 0.112 s on average,
+#: 50 B per parameter at the card's copy bandwidth. The spread is the run-to-run spread of the bf16 arm (its 32K
+#: step took 3.788 and 3.845 s on two machines; the FP8 arm 3.756 and 3.762 s). on_nonfinite="apply" (no host
+#: synchronisation before the step) measured the same as "raise" (3.762 against 3.756 s, §5.11), so one charge
+#: serves both. bf16 / fp32 .grad: nothing beyond the optimizer's.
+GRAD_STORAGE_STEP_BYTES_PER_PARAM = {"quangrad": 50.0, "bf16": 0.0, "fp32": 0.0}
 
 
 def grad_storage_seconds(params: float, dev: DeviceProfile, grads: str) -> float:

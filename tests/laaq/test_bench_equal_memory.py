@@ -57,7 +57,12 @@ def test_summary_and_table(bench):
     assert s["longest_seq"] == {"plain@0": 16384, "sac-c@0": 32768, "policy@0": 32768}
     assert {round(p["error"], 4) for p in s["policy_peak_prediction"]} == {round(98 / 100 - 1, 4), round(130 / 128 - 1, 4)}
     t = bench.table(rows, smoke=False)
-    assert "OOM" in t and "7,700" in t
+    assert "OOM" in t and "7,700" in t and "ANALYTIC" not in t
+    # a policy-m row planned without measured bf16 costs (a float8-only --layer-costs file) says so in the table
+    m = dict(rows[3], config="policy-m")
+    assert "ANALYTIC COSTS" in bench.table([dict(m, costs="analytic")], smoke=False)
+    assert "ANALYTIC" not in bench.table([dict(m, costs="measured (bench_layer_profile) + analytic for the rest")],
+                                         smoke=False)
 
 
 def test_quick_cells_and_cap_flag(bench):
@@ -531,3 +536,13 @@ def test_matrix_marks_measured_oom_implied_and_missing_cells_and_plans_the_rest(
     assert json.loads(out.read_text())["summary"]["matrix"]["caps"] == [0.0]
     with pytest.raises(SystemExit, match="--matrix-caps"):
         bench.main(["--merge", str(p), "--matrix", "--matrix-caps", "80GiB"])
+
+
+def test_budgets_must_be_positive_and_an_empty_run_has_no_plot(bench, tmp_path):
+    # 2026-12-07: a `cells` stage given 55 s passed --budget-s -5, skipped every cell and then crashed in plot()
+    for flag in ("--budget-s", "--cell-timeout-s"):
+        for bad in ("-5", "0"):
+            with pytest.raises(SystemExit):
+                bench.parse(["--configs", "ckpt", "--seqs", "8K", flag, bad])
+    assert bench.parse(["--budget-s", "1"]).budget_s == 1.0
+    assert bench.plot([], tmp_path / "empty.png") is None and not (tmp_path / "empty.png").exists()
