@@ -564,13 +564,60 @@ def _prime(model, opt):
     opt.zero_grad(set_to_none=False)
 
 
-def _step(model, ids, loss_kind, opt, offload):
+PHASES = ("forward", "backward", "optimizer")
+
+
+class _PhaseMarks:
+    """Where one step's time goes without a profiler (whose per-op host cost skews the arm with more host-side ops:
+    docs/benchmarks.md §5.11): a CUDA event and a host clock reading at each phase boundary. ``gpu`` is the stream's
+    time between boundaries, idle gaps included (a phase the host cannot feed fast enough shows up there); ``host``
+    is when the host got past each boundary (it runs ahead of the GPU while the queue holds work)."""
+
+    def __init__(self, device):
+        import torch
+
+        self.cuda = device.type == "cuda"
+        self.events, self.host = [], []
+        self._event = (lambda: torch.cuda.Event(enable_timing=True)) if self.cuda else None
+        self.mark()
+
+    def mark(self):
+        if self.cuda:
+            e = self._event()
+            e.record()
+            self.events.append(e)
+        self.host.append(time.perf_counter())
+
+    def finish(self):
+        """{"gpu": {phase: ms} or None, "host": {phase: ms}}; call after a synchronisation (the step's float(loss))."""
+        host = {ph: (b - a) * 1e3 for ph, a, b in zip(PHASES, self.host, self.host[1:])}
+        gpu = None
+        if self.cuda:
+            self.events[-1].synchronize()
+            gpu = {ph: a.elapsed_time(b) for ph, a, b in zip(PHASES, self.events, self.events[1:])}
+        return {"gpu": gpu, "host": host}
+
+
+def _median_phases(marks):
+    """Per phase, the median over the timed steps of :meth:`_PhaseMarks.finish`'s ms (rounded; gpu None on CPU)."""
+    out = {}
+    for side in ("gpu", "host"):
+        if marks and all(m[side] is not None for m in marks):
+            out[side] = {ph: round(statistics.median(m[side][ph] for m in marks), 2) for ph in PHASES}
+        else:
+            out[side] = None
+    return out
+
+
+def _step(model, ids, loss_kind, opt, offload, phases=None):
+    """One training step; ``phases``: a list that gets this step's :class:`_PhaseMarks` times appended."""
     import contextlib
 
     import torch
 
     from agoq_core.laaq import chunked_linear_cross_entropy
 
+    marks = _PhaseMarks(ids.device) if phases is not None else None
     ctx = torch.autograd.graph.save_on_cpu(pin_memory=True) if offload else contextlib.nullcontext()
     with ctx:
         if loss_kind == "chunked":
@@ -581,10 +628,19 @@ def _step(model, ids, loss_kind, opt, offload):
             out = model(input_ids=ids, labels=ids, use_cache=False)
             loss = out.loss
             del out
+    if marks:
+        marks.mark()
     loss.backward()
+    if marks:
+        marks.mark()
     opt.step()
     opt.zero_grad(set_to_none=False)  # gradients stay allocated (the planner's static memory counts them)
-    return float(loss.detach())
+    if marks:
+        marks.mark()
+    value = float(loss.detach())  # a synchronisation: every event above has completed after it
+    if marks:
+        phases.append(marks.finish())
+    return value
 
 
 def _apply_cap(cell, device):
@@ -711,13 +767,15 @@ def run_cell(cell):
                     res["warmup_peak_bytes"] = torch.cuda.max_memory_allocated(device)
                     torch.cuda.reset_peak_memory_stats(device)
                 t0 = time.perf_counter()
-                each, t_prev = [], t0
+                each, t_prev, marks = [], t0, []
                 for _ in range(cell["steps"]):
-                    _step(model, ids, loss_kind, opt, offload)  # float(loss) syncs: per-step wall times
+                    _step(model, ids, loss_kind, opt, offload, marks)  # float(loss) syncs: per-step wall times
                     t_now = time.perf_counter()
                     each.append(round(t_now - t_prev, 4))
                     t_prev = t_now
                 res["step_times_s"] = each
+                if marks:  # median ms per phase (forward, backward, optimizer) on the GPU's stream and the host
+                    res["phases_ms"] = _median_phases(marks)
                 if cuda:
                     torch.cuda.synchronize()
                 if cell["steps"]:
@@ -995,6 +1053,22 @@ def summarize(rows):
             "longest_by_cap": reach, "reach": bounds}
 
 
+def phase_lines(rows):
+    """One line per measured row: its median forward / backward / optimizer ms on the GPU's stream (and on the host)."""
+    out = []
+    for r in rows:
+        ph = r.get("phases_ms")
+        if not ph or r.get("oom"):
+            continue
+        cols = []
+        for side in ("gpu", "host"):
+            if ph.get(side):
+                cols.append(f"{side} " + " / ".join(f"{ph[side][k]:,.1f}" for k in PHASES))
+        out.append(f"phases ms (forward / backward / optimizer): {r['config']} cap={r['cap_gib']:.0f} seq={r['seq']}: "
+                   + "; ".join(cols))
+    return out
+
+
 def plot(rows, path):
     try:
         import matplotlib
@@ -1197,6 +1271,8 @@ def main(argv=None):
         "steps": args.steps, "warmup": args.warmup, "quick": args.quick, "wall_s": round(time.time() - t_start, 1), "skipped": skipped},
         "runs": rows, "summary": summarize(rows), "layer_profile": layer_profile}
     print(table(rows, args.smoke))
+    for line in phase_lines(rows):
+        print(line)
     for c in report["summary"]["agoq_vs_fastest_alternative"]:
         if c["ratio"]:
             print(f"cap {c['cap_gib']:.0f} seq {c['seq']}: {c['agoq_best']} / {c['fastest_alternative']} = "

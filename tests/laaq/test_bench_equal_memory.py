@@ -546,3 +546,27 @@ def test_budgets_must_be_positive_and_an_empty_run_has_no_plot(bench, tmp_path):
                 bench.parse(["--configs", "ckpt", "--seqs", "8K", flag, bad])
     assert bench.parse(["--budget-s", "1"]).budget_s == 1.0
     assert bench.plot([], tmp_path / "empty.png") is None and not (tmp_path / "empty.png").exists()
+
+
+def test_timed_steps_record_where_the_time_goes_by_phase(bench):
+    """Each timed step marks forward / backward / optimizer (a CUDA event and a host clock on a GPU, the host clock
+    here): the row keeps the median per phase, the phases add up to the step, and the summary prints them."""
+    row = bench.run_cell(_cell("ckpt", [64], steps=3))[0]
+    assert not row["oom"] and row["phases_ms"]["gpu"] is None  # no CUDA events on CPU
+    host = row["phases_ms"]["host"]
+    assert set(host) == set(bench.PHASES) and all(v > 0 for v in host.values())
+    # medians of parts need not add to the median step, but every part is inside it and together they are close
+    step_ms = 1e3 * row["step_median_s"]
+    assert max(host.values()) < step_ms and 0.5 * step_ms < sum(host.values()) < 1.5 * step_ms
+    line = bench.phase_lines([row])[0]
+    assert "ckpt" in line and "host" in line and "gpu" not in line
+    assert bench.phase_lines([dict(row, oom=True)]) == []
+
+
+def test_median_phases_of_gpu_and_host_marks(bench):
+    marks = [{"gpu": {"forward": f, "backward": 2 * f, "optimizer": 1.0}, "host": {"forward": 1.0, "backward": 1.0,
+                                                                             "optimizer": 0.5}} for f in (10.0, 30.0, 20.0)]
+    out = bench._median_phases(marks)
+    assert out["gpu"] == {"forward": 20.0, "backward": 40.0, "optimizer": 1.0}
+    assert out["host"] == {"forward": 1.0, "backward": 1.0, "optimizer": 0.5}
+    assert bench._median_phases([dict(marks[0], gpu=None)])["gpu"] is None
