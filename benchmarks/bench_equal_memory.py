@@ -1115,8 +1115,59 @@ def plot(rows, path):
 MATRIX_CONFIGS = ("plain", "plain-c", "ckpt", "ckpt-c", "partial", "partial-c", "sac", "sac-c", "offload", "liger",
                   "fp8-c", "fp8-ce-c", "laaq-c", "laaq-fp8-c", "policy-m", "policy-m-fp8")
 MATRIX_SEQS = (8 * K, 16 * K, 32 * K, 64 * K, 128 * K)
-#: Cells one ~9-minute device call measures: a cell (model load, compilation, warm-up, 2 steps) takes 1-2 minutes.
-MATRIX_CELLS_PER_CALL = 5
+#: What the ``cells`` commands of ``--matrix`` are sized by (2026-12-07, 19 cells on an H100, docs/benchmarks.md §5.11:
+#: 23-112 s per configuration's process): a process spends ~25 s before its first cell, a cell ~10 s compiling and
+#: its 4 steps (2 warm-up, 2 timed); a step of LLaMA-2-7B takes ~0.9 s at 8K on an H100, growing with the length and
+#: its square (attention), eager configurations ~1.3x, CPU offload ~5x (§5.5's offload row). An estimate for packing
+#: device calls, not a prediction: the H200 is faster, a ladder that runs out of memory ends early.
+MATRIX_PROCESS_S = 25.0
+MATRIX_CELL_S = 10.0
+#: the ``cells`` stage's limits: each configuration's process is killed after 240 s; no process starts after the
+#: stage's limit - 60 s; a device call runs at most 600 s
+MATRIX_PROCESS_LIMIT_S = 240.0
+MATRIX_CALL_LIMIT_S = 560
+
+
+def matrix_cell_seconds(config: str, seq: int) -> float:
+    """Estimated seconds one cell of ``config`` at ``seq`` tokens adds to a ``cells`` process (MATRIX_CELL_S)."""
+    x = seq / (8 * K)
+    step = 0.85 * x + 0.05 * x * x
+    step *= 5.0 if config == "offload" else 1.3 if not config.endswith("-c") and config not in (
+        "liger", "policy-m", "policy-m-fp8") else 1.0
+    return MATRIX_CELL_S + 4 * step
+
+
+def _matrix_commands(todo: dict) -> list[tuple[str, float]]:
+    """``cells`` commands (and their estimated seconds) for ``todo``: {(cap, lengths): [configurations]}. A
+    configuration's lengths are split where one process would pass MATRIX_PROCESS_LIMIT_S; configurations with the
+    same lengths share a command up to the stage's budget (its limit - 60 s), and each command asks for the limit its
+    estimate needs, so several short ones can share one device call."""
+    groups: dict = {}
+    for (cap, qs), cs in todo.items():
+        for c in cs:
+            chunk, est = [], MATRIX_PROCESS_S
+            for q in qs:
+                t = matrix_cell_seconds(c, q)
+                if chunk and est + t > MATRIX_PROCESS_LIMIT_S:
+                    groups.setdefault((cap, tuple(chunk)), []).append((c, est))
+                    chunk, est = [], MATRIX_PROCESS_S
+                chunk.append(q)
+                est += t
+            groups.setdefault((cap, tuple(chunk)), []).append((c, est))
+    out = []
+    room = MATRIX_CALL_LIMIT_S - 60
+    for (cap, qs), items in sorted(groups.items()):
+        batch, total = [], 0.0
+        for c, est in items + [(None, 0.0)]:
+            if batch and (c is None or total + est > room):
+                secs = int(min(MATRIX_CALL_LIMIT_S, max(120, 60 + total + 30)))
+                out.append((f"CELLS_CONFIGS={','.join(batch)} CELLS_SEQS={','.join(f'{q // K}K' for q in qs)} "
+                            f"CELLS_CAPS={cap:g} bash benchmarks/gpu_session.sh cells:{secs}", total))
+                batch, total = [], 0.0
+            if c is not None:
+                batch.append(c)
+                total += est
+    return out
 
 
 def matrix(rows, configs=MATRIX_CONFIGS, seqs=MATRIX_SEQS, caps=(0.0, 80.0)) -> dict:
@@ -1142,14 +1193,9 @@ def matrix(rows, configs=MATRIX_CONFIGS, seqs=MATRIX_SEQS, caps=(0.0, 80.0)) -> 
                     lacking.append(q)
             if lacking:
                 todo.setdefault((cap, tuple(lacking)), []).append(c)
-    commands = []
-    for (cap, qs), cs in sorted(todo.items()):
-        per = max(1, MATRIX_CELLS_PER_CALL // len(qs))  # configurations per call: ~MATRIX_CELLS_PER_CALL cells
-        for i in range(0, len(cs), per):
-            commands.append(f"CELLS_CONFIGS={','.join(cs[i:i + per])} CELLS_SEQS={','.join(f'{q // K}K' for q in qs)} "
-                            f"CELLS_CAPS={cap:g} bash benchmarks/gpu_session.sh cells:560")
+    planned = _matrix_commands(todo)
     return {"configs": list(configs), "seqs": list(seqs), "caps": list(caps), "cells": cells, "counts": counts,
-            "commands": commands}
+            "commands": [c for c, _ in planned], "estimated_s": round(sum(t for _, t in planned))}
 
 
 def _print_matrix(m) -> None:
@@ -1164,8 +1210,10 @@ def _print_matrix(m) -> None:
             print(f"  {c:14s}" + " ".join(f"{mark[m['cells'][f'{c}@{cap:g}@{q}']]:>7s}" for q in m["seqs"]))
     if m["commands"]:
         n = m["counts"]["missing"]
-        print(f"to measure the {n} missing cells ({len(m['commands'])} device calls of ~9 minutes; a ladder stops at its "
-              "first out-of-memory length, so calls past a configuration's limit end early):")
+        print(f"to measure the {n} missing cells: {len(m['commands'])} cells commands, ~{m['estimated_s'] / 60:.0f} "
+              "device-minutes estimated from an H100's times (chain commands into one device call while their limits "
+              "add up to under 600 s; a ladder stops at its first out-of-memory length, so a command past a "
+              "configuration's limit ends early):")
         for cmd in m["commands"]:
             print("  " + cmd)
 

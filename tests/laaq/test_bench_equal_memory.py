@@ -509,7 +509,7 @@ def test_laaq_with_hf_loss_keeps_plain_loss(bench):
 def test_matrix_marks_measured_oom_implied_and_missing_cells_and_plans_the_rest(bench, tmp_path, capsys):
     """--merge --matrix: each cell of issue 18's matrix is measured, out of memory, out of memory by implication (a
     shorter length of the same configuration and budget ran out) or missing; the missing ones come back as cells-stage
-    commands of at most MATRIX_CELLS_PER_CALL cells, grouped by their missing lengths."""
+    commands grouped by their missing lengths, each asking for the time its estimate needs."""
     import json
 
     K = 1024
@@ -522,12 +522,35 @@ def test_matrix_marks_measured_oom_implied_and_missing_cells_and_plans_the_rest(
     assert m["cells"]["plain-c@0@32768"] == "oom-implied" and m["cells"]["policy-m@80@32768"] == "ok"
     assert m["cells"]["policy-m@0@8192"] == "missing" and m["cells"]["plain-c@80@32768"] == "missing"
     assert m["counts"] == {"ok": 2, "oom": 1, "oom-implied": 1, "missing": 8}  # qckpt-c is not in the matrix
+
+    def est(c, qs):  # the documented model: 25 s a process, 10 s + 4 steps a cell, 0.85x + 0.05x^2 s a step at x*8K
+        return 25 + sum(10 + 4 * (0.85 * q / (8 * K) + 0.05 * (q / (8 * K)) ** 2) for q in qs)
+
+    def limit(total):
+        return int(min(560, max(120, 90 + total)))
+
+    three, two = (8 * K, 16 * K, 32 * K), (8 * K, 16 * K)
     assert m["commands"] == [
-        "CELLS_CONFIGS=policy-m CELLS_SEQS=8K,16K,32K CELLS_CAPS=0 bash benchmarks/gpu_session.sh cells:560",
-        "CELLS_CONFIGS=policy-m CELLS_SEQS=8K,16K CELLS_CAPS=80 bash benchmarks/gpu_session.sh cells:560",
-        "CELLS_CONFIGS=plain-c CELLS_SEQS=8K,16K,32K CELLS_CAPS=80 bash benchmarks/gpu_session.sh cells:560"]
-    many = bench.matrix([], configs=tuple(bench.MATRIX_CONFIGS[:7]), seqs=(8 * K,), caps=(0.0,))["commands"]
-    assert [c.split()[0].count(",") + 1 for c in many] == [5, 2]  # one length: MATRIX_CELLS_PER_CALL configs a call
+        f"CELLS_CONFIGS=policy-m CELLS_SEQS=8K,16K,32K CELLS_CAPS=0 bash benchmarks/gpu_session.sh "
+        f"cells:{limit(est('policy-m', three))}",
+        f"CELLS_CONFIGS=policy-m CELLS_SEQS=8K,16K CELLS_CAPS=80 bash benchmarks/gpu_session.sh "
+        f"cells:{limit(est('policy-m', two))}",
+        f"CELLS_CONFIGS=plain-c CELLS_SEQS=8K,16K,32K CELLS_CAPS=80 bash benchmarks/gpu_session.sh "
+        f"cells:{limit(est('plain-c', three))}"]
+    assert m["estimated_s"] == round(est("policy-m", three) + est("policy-m", two) + est("plain-c", three))
+    # one length: configurations share a command while the stage's budget (560 - 60 s) lasts; eager ones cost 1.3x
+    many = bench.matrix([], configs=tuple(bench.MATRIX_CONFIGS), seqs=(64 * K,), caps=(0.0,))["commands"]
+    sizes = [c.split()[0].count(",") + 1 for c in many]
+    assert sum(sizes) == len(bench.MATRIX_CONFIGS) and len(many) > 1
+    for cmd in many:
+        configs = cmd.split()[0].split("=")[1].split(",")
+        total = sum(25 + bench.matrix_cell_seconds(c, 64 * K) for c in configs)
+        assert total <= 500 and cmd.endswith(f"cells:{limit(total)}")
+    assert bench.matrix_cell_seconds("ckpt", 64 * K) > bench.matrix_cell_seconds("ckpt-c", 64 * K)
+    assert bench.matrix_cell_seconds("offload", 8 * K) > bench.matrix_cell_seconds("ckpt", 8 * K)
+    # a ladder longer than one process may run (240 s) is split into several commands
+    long = bench.matrix([], configs=("ckpt",), seqs=(32 * K, 64 * K, 128 * K), caps=(0.0,))["commands"]
+    assert [c.split()[1] for c in long] == ["CELLS_SEQS=32K,64K", "CELLS_SEQS=128K"]
     p, out = tmp_path / "a.json", tmp_path / "m.json"
     p.write_text(json.dumps({"runs": rows}))
     assert bench.main(["--merge", str(p), "--json", str(out), "--matrix", "--matrix-caps", "0"]) == 0
