@@ -691,13 +691,13 @@ def plan_budget(model: object, *, budget: int | str, seq_len: int, batch: int = 
         return _fastest(lambda kind: plan_budget(
             model, budget=budget, seq_len=seq_len, batch=batch, device=device, options=options, loss=loss,
             headroom=headroom, static=dataclasses.replace(static, grads=kind), measured=measured),
-            ("bf16", "quangrad"))
+            ("bf16", "quangrad"), "gradients")
     if grads is not None:
         static = dataclasses.replace(static, grads=grads)  # StaticMemoryConfig checks the name
     if loss == "auto":  # chunked first: it wins a tie
         return _fastest(lambda kind: plan_budget(
             model, budget=budget, seq_len=seq_len, batch=batch, device=device, options=options, loss=kind,
-            headroom=headroom, static=static, measured=measured), ("chunked", "hf"))
+            headroom=headroom, static=static, measured=measured), ("chunked", "hf"), "loss")
     from agoq_core.planner.explain import fmt_bytes, parse_bytes
     from agoq_core.scale import compute as C
 
@@ -759,18 +759,26 @@ def plan_budget(model: object, *, budget: int | str, seq_len: int, batch: int = 
         grads_time_s=C.grad_storage_seconds(params, dev, static.grads), grads=static.grads, notes=tuple(notes))
 
 
-def _fastest(plan_with, kinds: Sequence[str]) -> BudgetPlan:
+def _fastest(plan_with, kinds: Sequence[str], what: str) -> BudgetPlan:
     """The plan of ``plan_with(kind)`` predicted fastest among the ``kinds`` that fit (the first wins a tie); the
-    first kind's BudgetError when none fits."""
-    plans, first_error = [], None
+    first kind's BudgetError when none fits. The plan's notes say what each kind predicted (``what``: the choice
+    made, e.g. "gradients"), so a user sees why, and how close it was."""
+    plans, first_error, seen = [], None, []
     for kind in kinds:
         try:
             plans.append(plan_with(kind))
+            seen.append(f"{kind} {plans[-1].step_time_s:.3f} s")
         except BudgetError as exc:
             first_error = first_error or exc
+            seen.append(f"{kind} does not fit")
     if not plans:
         raise first_error
-    return min(plans, key=lambda p: p.step_time_s)
+    best = min(plans, key=lambda p: p.step_time_s)
+    tie = sum(p.step_time_s == best.step_time_s for p in plans) > 1
+    picked = best.grads if what == "gradients" else best.loss
+    note = (f"{what} chosen by predicted step: {', '.join(seen)} -> {picked}"
+            + (" (a tie: the first listed is kept)" if tie else ""))
+    return dataclasses.replace(best, notes=tuple(best.notes) + (note,))
 
 
 def _peak_note(picked: Sequence[LayerOption], floor: int) -> str:

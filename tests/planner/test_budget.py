@@ -422,6 +422,10 @@ def test_grads_auto_takes_fp8_gradients_only_where_they_pay(monkeypatch):
     auto = plan_budget("llama2-7b", grads="auto", **kw)
     best = min((bf, qg), key=lambda p: p.step_time_s)
     assert (auto.grads, auto.choices, auto.step_time_s) == (best.grads, best.choices, best.step_time_s)
+    # the plan says what both predicted, so a user sees how close the choice was
+    assert auto.notes[-1] == (f"gradients chosen by predicted step: bf16 {bf.step_time_s:.3f} s, quangrad "
+                              f"{qg.step_time_s:.3f} s -> {best.grads}") and auto.notes[-1] in auto.render()
+    assert not any("chosen by predicted step" in n for n in bf.notes + qg.notes)
     monkeypatch.setitem(C.GRAD_STORAGE_STEP_BYTES_PER_PARAM, "quangrad", 1e6)  # a step that never pays
     assert plan_budget("llama2-7b", grads="auto", **kw).grads == "bf16"
     monkeypatch.setitem(C.GRAD_STORAGE_STEP_BYTES_PER_PARAM, "quangrad", 0.0)  # free: the freed bytes decide
@@ -431,7 +435,13 @@ def test_grads_auto_takes_fp8_gradients_only_where_they_pay(monkeypatch):
     # 47 GiB: bf16 .grad needs ~51 GiB at 32K (the least-saving mix); with FP8 gradients ~45 fit, however slow
     with pytest.raises(BudgetError):
         plan_budget("llama2-7b", budget="47GiB", seq_len=32768, device="H100", grads="bf16")
-    assert plan_budget("llama2-7b", budget="47GiB", seq_len=32768, device="H100", grads="auto").grads == "quangrad"
+    only = plan_budget("llama2-7b", budget="47GiB", seq_len=32768, device="H100", grads="auto")
+    assert only.grads == "quangrad" and "bf16 does not fit, quangrad " in only.notes[-1]
+    # a tie goes to the first listed, and the note says it was a tie
+    monkeypatch.setitem(C.GRAD_STORAGE_STEP_BYTES_PER_PARAM, "quangrad", 0.0)
+    monkeypatch.setattr(C, "grad_storage_seconds", lambda params, dev, grads: 0.0)
+    roomy = plan_budget("llama2-7b", budget="140GiB", seq_len=4096, device="H200", grads="auto")
+    assert roomy.grads == "bf16" and roomy.notes[-1].endswith("-> bf16 (a tie: the first listed is kept)")
     with pytest.raises(BudgetError):
         plan_budget("llama2-7b", budget="30GiB", seq_len=32768, device="H100", grads="auto")
     with pytest.raises(PlannerError, match="grads must be"):
