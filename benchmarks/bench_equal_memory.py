@@ -1132,8 +1132,9 @@ def matrix_cell_seconds(config: str, seq: int) -> float:
     """Estimated seconds one cell of ``config`` at ``seq`` tokens adds to a ``cells`` process (MATRIX_CELL_S)."""
     x = seq / (8 * K)
     step = 0.85 * x + 0.05 * x * x
+    # eager: the configurations without -c (liger included) but the budget policies, which plan compiled options
     step *= 5.0 if config == "offload" else 1.3 if not config.endswith("-c") and config not in (
-        "liger", "policy-m", "policy-m-fp8") else 1.0
+        "policy-m", "policy-m-fp8") else 1.0
     return MATRIX_CELL_S + 4 * step
 
 

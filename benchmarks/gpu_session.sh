@@ -95,9 +95,9 @@ for spec in "$@"; do
                         --reps 2 --warmup 1 --budget-s $((secs - 30)) ${LP_ARGS:-} --json "$OUT/bench_layer_profile_custom.json") ;;
     # any slice of the equal-memory matrix (issue 18), e.g. the rows not measured yet:
     #   CELLS_CONFIGS=plain-c,fp8-ce-c,laaq-c,policy-m-fp8 CELLS_SEQS=8K CELLS_CAPS=0,80 bash gpu_session.sh cells:560
-    # CELLS_COSTS: per-layer profiles for the policy-m* rows (default: the H200's 32K bf16 and float8 ones: policy-m plans
-# from the bf16 options, policy-m-fp8 from the float8 ones; with the float8 one alone policy-m fell back to analytic
-# eager costs, 2026-12-07 s17); CELLS_STEPS (2), CELLS_WARMUP (2)
+    # CELLS_COSTS: per-layer profiles for the policy-m* rows (default: the H200's 32K bf16 and float8 ones: policy-m
+    # plans from the bf16 options, policy-m-fp8 from the float8 ones; with the float8 one alone policy-m fell back to
+    # analytic eager costs, 2026-12-07 s17); CELLS_STEPS (2), CELLS_WARMUP (2)
     cells) if [ "$secs" -le 60 ]; then echo "cells needs a limit above 60 s (its --budget-s is the limit - 60): got $secs"; continue; fi
            cmd=(python3 benchmarks/bench_equal_memory.py --configs "${CELLS_CONFIGS:?set CELLS_CONFIGS}" \
                 --caps "${CELLS_CAPS:-0}" --seqs "${CELLS_SEQS:?set CELLS_SEQS}" --steps "${CELLS_STEPS:-2}" --warmup "${CELLS_WARMUP:-2}" \
