@@ -104,9 +104,10 @@ for spec in "$@"; do
                 --cell-timeout-s 240 --budget-s $((secs - 60)) \
                 --layer-costs "${CELLS_COSTS:-docs/bench/h200-2026-12-01-s2/equal-memory/bench_layer_profile.json,docs/bench/h200-2026-12-02-s3/bench_layer_profile_fp8.json}" \
                 --json "$OUT/bench_equal_memory_cells.json") ;;
-    # issue 18: where FP8 gradients' ~0.17 s per step goes (docs/benchmarks.md §5.9): the float8 policy with and
-    # without QuanGrad's FP8 buffers at 32K, one profiled step each (kernel groups and top_kernels) after the timed ones
-    # (QG_STEPS of them, default 2); QG_NONFINITE=apply: QuanGrad without its check before the step (no host sync)
+    # issue 18: where FP8 gradients' 0.03-0.18 s per step goes (docs/benchmarks.md §5.9-§5.11): the float8 policy with
+    # and without QuanGrad's FP8 buffers at 32K; the timed steps (QG_STEPS, default 2) record forward / backward /
+    # optimizer ms from CUDA events (phases_ms, printed), then one profiled step each (kernel groups, top_kernels; the
+    # profiler's host cost skews the arms, §5.11); QG_NONFINITE=apply: QuanGrad without its check before the step
     qg-profile) mkdir -p "$OUT/prof"
                 cmd=(env AGOQ_BENCH_PROFILE="$OUT/prof" python3 benchmarks/bench_equal_memory.py --configs policy-m-fp8-qg,policy-m-fp8 \
                      --caps 0 --seqs 32K --steps ${QG_STEPS:-2} --warmup 2 --qg-nonfinite ${QG_NONFINITE:-raise} --cell-timeout-s $(( (secs - 10) / 2 )) \
