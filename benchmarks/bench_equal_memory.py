@@ -618,6 +618,7 @@ def _step(model, ids, loss_kind, opt, offload, phases=None):
     from agoq_core.laaq import chunked_linear_cross_entropy
 
     marks = _PhaseMarks(ids.device) if phases is not None else None
+    mark = marks.mark if marks else (lambda: None)
     ctx = torch.autograd.graph.save_on_cpu(pin_memory=True) if offload else contextlib.nullcontext()
     with ctx:
         if loss_kind == "chunked":
@@ -628,15 +629,12 @@ def _step(model, ids, loss_kind, opt, offload, phases=None):
             out = model(input_ids=ids, labels=ids, use_cache=False)
             loss = out.loss
             del out
-    if marks:
-        marks.mark()
+    mark()
     loss.backward()
-    if marks:
-        marks.mark()
+    mark()
     opt.step()
     opt.zero_grad(set_to_none=False)  # gradients stay allocated (the planner's static memory counts them)
-    if marks:
-        marks.mark()
+    mark()
     value = float(loss.detach())  # a synchronisation: every event above has completed after it
     if marks:
         phases.append(marks.finish())

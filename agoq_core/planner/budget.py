@@ -766,16 +766,15 @@ def _fastest(plan_with, kinds: Sequence[str], what: str) -> BudgetPlan:
     plans, first_error, seen = [], None, []
     for kind in kinds:
         try:
-            plans.append(plan_with(kind))
-            seen.append(f"{kind} {plans[-1].step_time_s:.3f} s")
+            plans.append((kind, plan_with(kind)))
+            seen.append(f"{kind} {plans[-1][1].step_time_s:.3f} s")
         except BudgetError as exc:
             first_error = first_error or exc
             seen.append(f"{kind} does not fit")
     if not plans:
         raise first_error
-    best = min(plans, key=lambda p: p.step_time_s)
-    tie = sum(p.step_time_s == best.step_time_s for p in plans) > 1
-    picked = best.grads if what == "gradients" else best.loss
+    picked, best = min(plans, key=lambda kp: kp[1].step_time_s)
+    tie = sum(p.step_time_s == best.step_time_s for _, p in plans) > 1
     note = (f"{what} chosen by predicted step: {', '.join(seen)} -> {picked}"
             + (" (a tie: the first listed is kept)" if tie else ""))
     return dataclasses.replace(best, notes=tuple(best.notes) + (note,))
