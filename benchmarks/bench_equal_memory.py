@@ -924,6 +924,23 @@ def _layer_profile(args, env) -> dict | None:
     return {"failed": f"exit {rc}: {err.strip().splitlines()[-1][:300] if err and err.strip() else ''}"}
 
 
+def failed_row(cell, seq, rc, err, timed_out_s=None) -> dict:
+    """The row for the length a cell process died on. A process killed by SIGKILL that the bench did not kill
+    (``timed_out_s`` None) is counted as out of *host* memory: on Linux that signal comes from the kernel's
+    out-of-memory killer (or a container's memory limit), and the cell that meets it is CPU offload, whose pinned
+    copies of the saved activations live in host memory (2026-12-07: offload at 16K on a 128 GiB host). Such a row is
+    an OOM row (``oom_phase`` "host"), so the matrix stops the ladder there; every other exit stays ``failed``."""
+    row = {"config": cell["config"], "seq": seq, "cap_gib": cell["cap_bytes"] / GIB, "oom": False}
+    last = err.strip().splitlines()[-1][:300] if err and err.strip() else ""
+    if timed_out_s is not None:
+        row["failed"] = f"timed out after {timed_out_s:.0f} s"
+    elif rc == -9:
+        row.update(oom=True, oom_phase="host", killed=f"SIGKILL, not the bench's timeout (last stderr line: {last!r})")
+    else:
+        row["failed"] = f"process exit {rc}: {last}"
+    return row
+
+
 def _costs_at(cell, model, seq):
     """The measured per-layer costs at ``seq`` (scaled from the nearest profiled length if the profile lacks it:
     agoq_core.planner.budget.costs_at_length) and the note saying so (None if measured there)."""
@@ -1217,6 +1234,17 @@ def _print_matrix(m) -> None:
             print("  " + cmd)
 
 
+def _reread_kill(row) -> dict:
+    """A row written before :func:`failed_row` (2026-12-07) as ``"process exit -9: <stderr>"``, read as it would be
+    written now: that text with stderr after it was a SIGKILL from outside (a timeout left stderr empty)."""
+    text = row.get("failed") or ""
+    if not text.startswith("process exit -9: ") or not text[len("process exit -9: "):].strip():
+        return row
+    cell = {"config": row["config"], "cap_bytes": float(row.get("cap_gib") or 0) * GIB}
+    return dict(failed_row(cell, row["seq"], -9, text[len("process exit -9: "):]), **{
+        k: v for k, v in row.items() if k not in ("failed", "oom", "cap_gib")})
+
+
 def merge(paths, out=None, show_matrix=False, matrix_caps=(0.0, 80.0)) -> int:
     """Rows of several runs in one table, summary and Pareto plot; the newest row (later file) per
     (configuration, cap, length) wins, an OOM row never replaces a measured one. A cap at or above the memory the
@@ -1230,6 +1258,7 @@ def merge(paths, out=None, show_matrix=False, matrix_caps=(0.0, 80.0)) -> int:
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise SystemExit(f"--merge: cannot read the runs of {p}: {exc}") from exc
         for r in runs:
+            r = _reread_kill(r)
             if r.get("failed") or r.get("unavailable"):
                 continue
             cap = float(r.get("cap_gib") or 0)
@@ -1294,18 +1323,20 @@ def main(argv=None):
             continue
         t0 = time.time()
         cmd = [sys.executable, str(Path(__file__).resolve()), "--cell", json.dumps(cell)]
+        limit = args.cell_timeout_s or (150.0 if args.quick else 900.0)
+        timed_out = False
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.cell_timeout_s or (150.0 if args.quick else 900.0))
+            p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=limit)
             out, err, rc = p.stdout, p.stderr, p.returncode
         except subprocess.TimeoutExpired as exc:
             out, err, rc = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or ""), "", -9
+            timed_out = True
         got = [json.loads(line[5:]) for line in out.splitlines() if line.startswith("CELL ")]
         for r in got:
             r["process_s"] = round(time.time() - t0, 1)
         if rc != 0 and (not got or not got[-1].get("oom")):
-            got.append({"config": cell["config"], "seq": cell["seqs"][len(got)] if len(got) < len(cell["seqs"]) else -1,
-                        "cap_gib": cell["cap_bytes"] / GIB, "oom": False,
-                        "failed": f"process exit {rc}: {err.strip().splitlines()[-1][:300] if err.strip() else ''}"})
+            got.append(failed_row(cell, cell["seqs"][len(got)] if len(got) < len(cell["seqs"]) else -1, rc, err,
+                                  limit if timed_out else None))
         rows += got
         if path:  # after every cell: a run its stage's timeout kills still leaves what it measured
             _write_json(path, {"meta": {"partial": True, "quick": args.quick}, "runs": rows,

@@ -21,6 +21,11 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config._agoq_results = []
+    workers = config.getoption("numprocesses", default=None)  # pytest-xdist's -n, where installed
+    if config.getoption("--agoq-report") and (workers not in (None, 0) or hasattr(config, "workerinput")):
+        # each xdist worker sees only its share of the cases and would overwrite the others' report
+        raise pytest.UsageError("--agoq-report needs every case in one process: run with -n 0, or write the report "
+                                "with `agoq conformance run --report FILE`")
 
 
 def pytest_sessionfinish(session, exitstatus):

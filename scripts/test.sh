@@ -11,8 +11,12 @@ VENV=${AGOQ_VENV:-.venv}
 # Test-only dependencies: the real integration packages (PEFT, Accelerate, torchao, torchtitan) and
 # Hypothesis. torch is pinned in the same command so pip keeps the CPU build.
 "$VENV/bin/python" -m pip install -q "torch==2.13.0" "hypothesis>=6.100" "peft>=0.21" "accelerate>=1.15" \
-  "torchao>=0.18" "torchtitan==0.3.0"
-PYTEST=("$VENV/bin/python" -m pytest -q -p no:cacheprovider)
+  "torchao>=0.18" "torchtitan==0.3.0" "pytest-xdist>=3.5"
+# One pytest worker per core, at most 4 (each imports torch and transformers: ~1 GiB); AGOQ_TEST_WORKERS=0 runs
+# in one process. The distributed tests take their ports from agoq_core.testing.dist.free_port, so workers
+# do not collide.
+WORKERS=${AGOQ_TEST_WORKERS:-$(n=$(nproc); echo $(( n < 4 ? n : 4 )))}
+PYTEST=("$VENV/bin/python" -m pytest -q -p no:cacheprovider -n "$WORKERS")
 export TRITON_INTERPRET=1   # Triton kernels run on CPU tensors; must be set before any @triton.jit runs
 export PYTHONHASHSEED=0
 "${PYTEST[@]}" tests conformance_tests $(ls -d backends/*/tests 2>/dev/null) --agoq-backend reference

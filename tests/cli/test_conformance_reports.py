@@ -136,3 +136,23 @@ def test_run_writes_the_report_atomically(tmp_path, monkeypatch):
     assert main(["conformance", "run", "--backend", "reference", "--report", str(path), "-q"]) == 0
     assert json.loads(path.read_text())["cases"][0]["verdict"] == "pass"
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temporary left behind
+
+
+def test_pytest_report_refuses_xdist_workers_and_writes_from_one_process(tmp_path):
+    """Under pytest-xdist every worker would write its share of the cases over the others' report: refused."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    suite = str(root / "conformance_tests" / "test_conformance_mx.py")
+    out = tmp_path / "r.json"
+    base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", suite, "--agoq-backend", "reference",
+            "--agoq-report", str(out)]
+    p = subprocess.run(base + ["-n", "2"], capture_output=True, text=True, cwd=root, timeout=300)
+    assert p.returncode != 0 and "--agoq-report needs every case in one process" in p.stderr + p.stdout
+    assert not out.exists()
+    p = subprocess.run(base + ["-n", "0"], capture_output=True, text=True, cwd=root, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:]
+    report = json.loads(out.read_text())
+    assert report["passed"] and report["summary"]["pass"] == len(report["cases"]) > 0

@@ -593,3 +593,34 @@ def test_median_phases_of_gpu_and_host_marks(bench):
     assert out["gpu"] == {"forward": 20.0, "backward": 40.0, "optimizer": 1.0}
     assert out["host"] == {"forward": 1.0, "backward": 1.0, "optimizer": 0.5}
     assert bench._median_phases([dict(marks[0], gpu=None)])["gpu"] is None
+
+
+def test_a_cell_killed_from_outside_is_out_of_host_memory_a_timeout_is_not(bench):
+    cell = {"config": "offload", "cap_bytes": 0}
+    killed = bench.failed_row(cell, 16384, -9, "warning\nlast line")
+    assert killed["oom"] and killed["oom_phase"] == "host" and "failed" not in killed and "last line" in killed["killed"]
+    timed = bench.failed_row(cell, 16384, -9, "", timed_out_s=240)
+    assert not timed["oom"] and timed["failed"] == "timed out after 240 s"
+    crashed = bench.failed_row(cell, 16384, 1, "Traceback\nRuntimeError: boom")
+    assert not crashed["oom"] and crashed["failed"] == "process exit 1: RuntimeError: boom"
+
+
+def test_merge_reads_an_old_sigkill_row_as_host_oom_and_an_old_timeout_as_a_failure(bench, tmp_path):
+    """Rows written before failed_row: "process exit -9: <stderr>" was a kill from outside (2026-12-07, offload at 16K
+    on a 128 GiB host), "process exit -9: " with nothing after it the bench's own timeout."""
+    import json
+
+    runs = [{"config": "offload", "seq": 8192, "cap_gib": 0, "oom": False, "tokens_per_s": 2.0, "peak_bytes": 1},
+            {"config": "offload", "seq": 16384, "cap_gib": 0.0, "oom": False,
+             "failed": 'process exit -9:   """Configuration class for applying'},
+            {"config": "sac", "seq": 8192, "cap_gib": 0, "oom": False, "failed": "process exit -9: "}]
+    src, out = tmp_path / "a.json", tmp_path / "m.json"
+    src.write_text(json.dumps({"runs": runs}))
+    assert bench.main(["--merge", str(src), "--json", str(out)]) == 0
+    m = json.loads(out.read_text())
+    rows = {(r["config"], r["seq"]): r for r in m["runs"]}
+    assert rows[("offload", 16384)]["oom"] and rows[("offload", 16384)]["oom_phase"] == "host"
+    assert ("sac", 8192) not in rows
+    cells = m["summary"]["matrix"]["cells"]
+    assert cells["offload@0@16384"] == "oom" and cells["offload@0@32768"] == "oom-implied"
+    assert cells["sac@0@8192"] == "missing"
