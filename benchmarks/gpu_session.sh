@@ -35,7 +35,7 @@ for spec in "$@"; do
     # TILE_FORMATS (space-separated): only these formats
     dequant-tiles) cmd=(python3 benchmarks/bench_codecs.py --sizes-mib 1024 --no-sweep --bucket-log2 0 --compile-formats --norm-tokens 0 --dequant-tiles both --deadline-s $((secs - 30)) --json "$OUT/bench_codecs_tiles.json" ${TILE_FORMATS:+--formats $TILE_FORMATS}) ;;
     # the fused RMSNorm + quantize against the compiled norm + codec pair, 16K x 4096, the 4-bit formats (~60 s)
-    norm-fusion) cmd=(python3 benchmarks/bench_codecs.py --formats int4 nf4 fp4_e2m1 mxfp4 --sizes-mib 1024 --no-sweep \
+    norm-fusion) cmd=(python3 benchmarks/bench_codecs.py --formats ${NORM_FORMATS:-int4 nf4 fp4_e2m1 mxfp4 nvfp4} --sizes-mib 1024 --no-sweep \
                       --bucket-log2 0 --compile-formats --deadline-s $((secs - 20)) --json "$OUT/bench_codecs_norm.json") ;;
     codecs)      cmd=(python3 benchmarks/bench_codecs.py --sizes-mib 1024 --no-sweep --deadline-s $((secs - 30))) ;;
     torchtitan)  cmd=(python3 benchmarks/bench_torchtitan.py --budget-s $((secs - 30))) ;;  # needs .whl (docs/integrations.md)
