@@ -4,7 +4,7 @@
 # Stages: conformance, laaq, quangrad, laaq-fusion, fusion, codecs, torchtitan, equal-memory, equal-memory-m,
 # layer-profile-64k, layer-profile-qc32k, policy-80, longest, laaq-16k, layer-profile-fp8, float8-m, float8-80, float8-ce, liger, layer-profile-fp8-64k, float8-80-64k, float8-64k, cells, integrations, grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host,
 # dequant-tiles, norm-fusion, train-split-c, train-profile, train-profile-c, layer-host, train-alone, ab-codecs, maxnreg, layer-profile, ncu-norm,
-# norm-prefetch16, absmax, qg-profile, nvfp4-norm-probe. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
+# norm-prefetch16, absmax, qg-profile, nvfp4-norm-probe, layer-profile-128k. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
 set -u
 source "$(dirname "$0")/gpu_env.sh"
 OUT=${OUT:-/tmp/agoq-out}; mkdir -p "$OUT"
@@ -80,6 +80,13 @@ for spec in "$@"; do
     layer-profile-fp8-64k) cmd=(python3 benchmarks/bench_layer_profile.py --seqs 64K \
                             --methods fp8-laaq-c:nf4,fp8-bf16-c,fp8-ckpt-c,fp8-qckpt-c:nf4 \
                             --no-profile --reps 1 --warmup 1 --budget-s $((secs - 30)) --json "$OUT/bench_layer_profile_fp8_64k.json") ;;
+    # issue 18: one layer at 128K, the options the 128K budget plans pick (bf16 and float8; no kernel profile, 1 rep).
+    # The 128K plans scaled from 32K costs under-predicted the peak by 1.5-5.7% on an H100 (docs/benchmarks.md §5.12);
+    # then: CELLS_COSTS=<the two default profiles>,$OUT/bench_layer_profile_128k.json CELLS_CONFIGS=policy-m,policy-m-fp8
+    # CELLS_SEQS=128K ... cells
+    layer-profile-128k) cmd=(python3 benchmarks/bench_layer_profile.py --seqs 128K \
+                             --methods qckpt-c:nf4,ckpt-c,bf16-c,fp8-qckpt-c:nf4,fp8-ckpt-c,fp8-bf16-c \
+                             --no-profile --reps 1 --warmup 1 --budget-s $((secs - 30)) --json "$OUT/bench_layer_profile_128k.json") ;;
     float8-80-64k) cmd=(python3 benchmarks/bench_equal_memory.py --configs policy-m-fp8,policy-m-fp8-qg,fp8-ce-c --caps 80 \
                         --seqs 64K --steps 2 --warmup 1 --cell-timeout-s $(( (secs - 10) / 3 )) \
                         --layer-costs "${FP8_64K_COSTS:-$OUT/bench_layer_profile_fp8_64k.json}" --json "$OUT/bench_equal_memory_fp8_80_64k.json") ;;
