@@ -13,8 +13,8 @@ VENV=${AGOQ_VENV:-.venv}
 "$VENV/bin/python" -m pip install -q "torch==2.13.0" "hypothesis>=6.100" "peft>=0.21" "accelerate>=1.15" \
   "torchao>=0.18" "torchtitan==0.3.0" "pytest-xdist>=3.5"
 # One pytest worker per core, at most 4 (each imports torch and transformers: ~1 GiB); AGOQ_TEST_WORKERS=0 runs
-# in one process. The distributed tests take their ports from agoq_core.testing.dist.free_port, so workers
-# do not collide.
+# in one process. The distributed tests bind ports the OS picks (agoq_core.testing.dist.free_port), not fixed
+# ones, so two workers' process groups do not meet.
 WORKERS=${AGOQ_TEST_WORKERS:-$(n=$(nproc); echo $(( n < 4 ? n : 4 )))}
 PYTEST=("$VENV/bin/python" -m pytest -q -p no:cacheprovider -n "$WORKERS")
 export TRITON_INTERPRET=1   # Triton kernels run on CPU tensors; must be set before any @triton.jit runs
