@@ -699,17 +699,17 @@ POLICY_HEADROOM = (0.02, 0.45)
 def _policy_retry(state, res, static_late):
     """After a policy plan ran out of memory: the next attempt's settings in ``state``; False = give up.
 
-    Attempt 2 plans with more headroom: when the warm-up step completed (the OOM came with gradients and
-    optimizer state allocated), by what the warm-up's measured peak exceeded the plan's prediction for it
-    (predicted peak minus gradients and optimizer state, ``static_late``), plus 1% (at least 3% more);
-    otherwise 5% more.
+    Attempt 2 plans with more headroom: when the first step completed (the OOM came later, with gradients and
+    optimizer state allocated), by what that step's measured peak (``first_step_peak_bytes``; rows before
+    2026-12-07 have only ``warmup_peak_bytes``) exceeded the plan's prediction for it (predicted peak minus
+    gradients and optimizer state, ``static_late``), plus 1% (at least 3% more); otherwise 5% more.
     Attempt 3 (policy-m only) plans from the analytic eager options, checked on the H200 within 1.1%.
     Then the ladder ends."""
     n = state["attempts"] = state.get("attempts", 1) + 1
     h = state.get("headroom", POLICY_HEADROOM[0])
     budget, pred = res.get("budget_bytes"), res.get("predicted_peak_bytes")
-    if n == 2:
-        warm = res.get("warmup_peak_bytes")
+    if n == 2:  # the first step's own peak where recorded: later warm-up steps hold gradients and optimizer state
+        warm = res.get("first_step_peak_bytes") or res.get("warmup_peak_bytes")
         if warm and budget and pred:
             under = warm - (pred - static_late)
             state["headroom"] = min(POLICY_HEADROOM[1], max(h + 0.03, h + under / budget + 0.01))
@@ -755,11 +755,22 @@ def run_cell(cell):
                 offload = config == "offload"
                 if not cell["steps"]:  # one step, primed: gradients and optimizer state exist before it, as in
                     _prime(model, opt)  # every later step, so its peak is a steady step's peak
+                res["steps_done"] = 0
+
+                def step(marks=None):  # counts the steps that completed: where an OOM came (oom_phase)
+                    if cell.get("fake_oom_at_step") == res["steps_done"]:
+                        raise _FakeOOM(f"simulated OOM in step {res['steps_done'] + 1}")
+                    value = _step(model, ids, loss_kind, opt, offload, marks)
+                    res["steps_done"] += 1
+                    return value
+
                 t0 = time.perf_counter()
-                res["loss"] = _step(model, ids, loss_kind, opt, offload)  # warm-up: compile, optimizer states
+                res["loss"] = step()  # warm-up: compile, optimizer states
                 res["first_step_s"] = time.perf_counter() - t0
+                if cuda:  # unprimed, the first step runs without optimizer state (created by its opt.step()):
+                    res["first_step_peak_bytes"] = torch.cuda.max_memory_allocated(device)  # _policy_retry
                 for _ in range(cell.get("warmup", 1) - 1 if cell["steps"] else 0):  # --warmup N: more untimed steps
-                    _step(model, ids, loss_kind, opt, offload)
+                    step()
                 if cuda:
                     torch.cuda.synchronize()
                     res["warmup_peak_bytes"] = torch.cuda.max_memory_allocated(device)
@@ -767,7 +778,7 @@ def run_cell(cell):
                 t0 = time.perf_counter()
                 each, t_prev, marks = [], t0, []
                 for _ in range(cell["steps"]):
-                    _step(model, ids, loss_kind, opt, offload, marks)  # float(loss) syncs: per-step wall times
+                    step(marks)  # float(loss) syncs: per-step wall times
                     t_now = time.perf_counter()
                     each.append(round(t_now - t_prev, 4))
                     t_prev = t_now
@@ -802,8 +813,9 @@ def run_cell(cell):
 
                 res.update(oom=False, failed=f"{type(exc).__name__}: {str(exc)[:300]}",
                            traceback=traceback.format_exc()[-1500:])
-            if oom is not None:
-                res.update(oom=True, error=oom, oom_phase="timed" if "first_step_s" in res else "warm-up")
+            if oom is not None:  # "timed" only past every warm-up step (until 2026-12-07: past the first one)
+                warm_steps = cell.get("warmup", 1) if cell["steps"] else 1
+                res.update(oom=True, error=oom, oom_phase="timed" if res.get("steps_done", 0) >= warm_steps else "warm-up")
                 if cuda:  # since the attempt's start or the end of its warm-up: a lower bound of what it needed
                     res["oom_max_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
             fell = watch.take()

@@ -624,3 +624,23 @@ def test_merge_reads_an_old_sigkill_row_as_host_oom_and_an_old_timeout_as_a_fail
     cells = m["summary"]["matrix"]["cells"]
     assert cells["offload@0@16384"] == "oom" and cells["offload@0@32768"] == "oom-implied"
     assert cells["sac@0@8192"] == "missing"
+
+
+@pytest.mark.parametrize("at, phase", [(0, "warm-up"), (1, "warm-up"), (2, "timed")])
+def test_oom_phase_counts_every_warmup_step(bench, at, phase):
+    """With two warm-up steps an OOM in the second is a warm-up OOM (it was labelled "timed" until 2026-12-07,
+    which hid that 128K plans ran out once optimizer state existed); steps_done says how many steps completed."""
+    rows = bench.run_cell(_cell("plain", [64], warmup=2, fake_oom_at_step=at))
+    assert len(rows) == 1 and rows[0]["oom"] and "simulated OOM in step" in rows[0]["error"]
+    assert rows[0]["oom_phase"] == phase and rows[0]["steps_done"] == at
+
+
+def test_policy_retry_prefers_the_first_steps_peak(bench):
+    """The first step runs before optimizer state exists; a later warm-up step's peak holds it and would count it
+    as under-prediction."""
+    G = 1 << 30
+    state = {"headroom": 0.02}
+    res = {"config": "policy-m", "budget_bytes": 100 * G, "predicted_peak_bytes": 90 * G,
+           "first_step_peak_bytes": 72 * G, "warmup_peak_bytes": 95 * G}
+    assert bench._policy_retry(state, res, static_late=20 * G)  # predicted first step 70 GiB, measured 72: 2 short
+    assert abs(state["headroom"] - (0.02 + 0.03)) < 1e-12  # at least 3% more
