@@ -1056,6 +1056,10 @@ def summarize(rows):
                             "alternative_tokens_per_s": alt and alt["tokens_per_s"],
                             "agoq_best": ours and ours["config"], "agoq_tokens_per_s": ours and ours["tokens_per_s"],
                             "ratio": (ours["tokens_per_s"] / alt["tokens_per_s"]) if (alt and ours) else None,
+                            # the same two rows by their median step: one slow step moves a mean of 2-5 (§5.12)
+                            "ratio_median": (ours["tokens_per_s_median"] / alt["tokens_per_s_median"])
+                            if (alt and ours and alt.get("tokens_per_s_median") and ours.get("tokens_per_s_median"))
+                            else None,
                             "plain_fits": plain is not None})
     pred = [{"config": r["config"], "seq": r["seq"], "cap_gib": r["cap_gib"], "measured": r["peak_bytes"],
              "predicted": r["predicted_peak_bytes"], "error": r["predicted_peak_bytes"] / r["peak_bytes"] - 1}

@@ -54,6 +54,10 @@ def test_summary_and_table(bench):
     assert c32["fastest_alternative"] == "sac-c" and abs(c32["ratio"] - 1.1) < 1e-9 and not c32["plain_fits"]
     c16 = next(c for c in s["agoq_vs_fastest_alternative"] if c["seq"] == 16384)
     assert c16["plain_fits"] and abs(c16["ratio"] - 8900 / 9000) < 1e-9
+    assert c32["ratio_median"] is None  # rows without a median step
+    rows[1]["tokens_per_s_median"], rows[3]["tokens_per_s_median"] = 7000.0, 7350.0  # a slow step in sac-c's mean
+    c32 = next(c for c in bench.summarize(rows)["agoq_vs_fastest_alternative"] if c["seq"] == 32768)
+    assert abs(c32["ratio"] - 1.1) < 1e-9 and abs(c32["ratio_median"] - 1.05) < 1e-9
     assert s["longest_seq"] == {"plain@0": 16384, "sac-c@0": 32768, "policy@0": 32768}
     assert {round(p["error"], 4) for p in s["policy_peak_prediction"]} == {round(98 / 100 - 1, 4), round(130 / 128 - 1, 4)}
     t = bench.table(rows, smoke=False)
