@@ -168,6 +168,11 @@ def plan_options(costs: Mapping[str, Any], *, prefix: str = "") -> dict[str, Any
     return out
 
 
+#: Scaling measured costs up by more than this factor is flagged in the note (docs/benchmarks.md §5.12: 64K plans
+#: from 32K costs were within 0.35% of the measured peak on an H100; 128K plans under-predicted it by 1.5-5.7%).
+FAR_SCALE = 2.0
+
+
 def costs_at_length(costs: Mapping[str, Mapping], seq_len: int, shape: TransformerShape, *, batch: int = 1,
                     device="H200") -> tuple[dict, str | None]:
     """The measured per-layer costs (``load_layer_costs``' ``{seq: {option: costs}}``) at ``seq_len``: as measured
@@ -211,7 +216,12 @@ def costs_at_length(costs: Mapping[str, Mapping], seq_len: int, shape: Transform
     how = (f"time: attention x {fb * fb:.3g}, the rest x {fb:.3g}" if split == len(out) else
            f"time x {ft:.3g}" if not split else
            f"time: attention x {fb * fb:.3g} and the rest x {fb:.3g} for {split} options, x {ft:.3g} for the others")
-    return out, f"per-layer costs measured at {near} tokens, scaled to {seq_len} (bytes x {fb:.3g}, {how})"
+    note = f"per-layer costs measured at {near} tokens, scaled to {seq_len} (bytes x {fb:.3g}, {how})"
+    if fb > FAR_SCALE:
+        note += (f"; more than {FAR_SCALE:g}x the measured length: such a plan under-predicted its peak by 1.5-5.7% "
+                 "(H100, 128K from 32K; 2x was within 0.35%), so profile this length (bench_layer_profile.py --seqs "
+                 f"{seq_len}) or leave more headroom")
+    return out, note
 
 
 def attention_seconds(row: Mapping) -> float | None:

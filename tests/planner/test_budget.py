@@ -285,8 +285,12 @@ def test_costs_at_length_scales_from_the_nearest_profiled_length():
     assert at8["bf16-c"]["saved_bytes"] == 500 and at8["bf16-c"]["transient_bytes"] == 200
     # GEMMs are linear in the length, attention quadratic: at half the length the time is between 1/4 and 1/2
     assert 0.04 / 4 < at8["bf16-c"]["time_s"] < 0.04 / 2
-    at48, _ = costs_at_length(c, 49152, shape)  # log-nearest of 16K and 64K: 64K
-    assert at48["bf16-c"]["saved_bytes"] == 3000
+    at48, note = costs_at_length(c, 49152, shape)  # log-nearest of 16K and 64K: 64K
+    assert at48["bf16-c"]["saved_bytes"] == 3000 and "profile this length" not in note
+    # past twice the measured length the note says the peak is an under-prediction risk (128K from 32K: 1.5-5.7%)
+    assert "profile this length" not in costs_at_length(c, 131072, shape)[1]  # 2x 64K: still trusted
+    far = costs_at_length({"32768": c["16384"]}, 131072, shape)[1]
+    assert "more than 2x the measured length" in far and "--seqs 131072" in far
     assert costs_at_length({}, 8192, shape) == ({}, None)
 
 
