@@ -1227,7 +1227,44 @@ def matrix(rows, configs=MATRIX_CONFIGS, seqs=MATRIX_SEQS, caps=(0.0, 80.0)) -> 
                 todo.setdefault((cap, tuple(lacking)), []).append(c)
     planned = _matrix_commands(todo)
     return {"configs": list(configs), "seqs": list(seqs), "caps": list(caps), "cells": cells, "counts": counts,
-            "commands": [c for c, _ in planned], "estimated_s": round(sum(t for _, t in planned))}
+            "commands": [c for c, _ in planned], "estimated_s": round(sum(t for _, t in planned)),
+            "goals": matrix_goals(by, cells, configs, seqs, caps)}
+
+
+#: Issue 18's speed goals: where plain bf16 does not fit, AGoQ's best >= 1.15x the fastest alternative that fits;
+#: where it fits, the budget policy >= 0.98x plain.
+GOAL_NO_PLAIN, GOAL_PLAIN = 1.15, 0.98
+_PLAINS, _POLICIES = ("plain", "plain-c"), ("policy-m", *POLICY_M_FP8)
+
+
+def matrix_goals(by, cells, configs=MATRIX_CONFIGS, seqs=MATRIX_SEQS, caps=(0.0, 80.0)) -> list[dict]:
+    """Per (cap, length): the speed goal that applies there and where it stands on the measured rows ``by``
+    ({(config, cap, seq): row}, every row, in the matrix or not), and whether a missing cell could still change it
+    (``open``: the matrix configurations, alternatives or AGoQ's, not measured there; ``final`` when none)."""
+    out = []
+    for cap in caps:
+        for q in seqs:
+            here = {c: r for (c, cp, qq), r in by.items() if cp == cap and qq == q and not r.get("oom")
+                    and r.get("tokens_per_s")}
+            best = lambda names: max(((c, here[c]["tokens_per_s"]) for c in here if c in names),  # noqa: E731
+                                     key=lambda t: t[1], default=(None, None))
+            missing = [c for c in configs if cells[f"{c}@{cap:g}@{q}"] == "missing"]
+            plain, plain_tps = best(_PLAINS)
+            if plain is not None:  # only plain and the policies decide this goal
+                missing = [c for c in missing if c in _PLAINS or c in _POLICIES]
+                ours, ours_tps = best(_POLICIES)
+                alt, alt_tps, goal, what = plain, plain_tps, GOAL_PLAIN, "plain fits: the budget policy against plain"
+            else:
+                ours, ours_tps = best(set(here) & set(AGOQ))
+                alt, alt_tps = best(set(here) - set(AGOQ))
+                goal, what = GOAL_NO_PLAIN, "AGoQ's best against the fastest alternative"
+            ratio = ours_tps / alt_tps if ours_tps and alt_tps else None
+            state = ("met" if ratio >= goal else "not met") if ratio is not None else (
+                "only AGoQ fits" if ours and not alt else "no AGoQ row" if alt else "nothing measured fits")
+            out.append({"cap_gib": cap, "seq": q, "goal": what, "target": goal, "agoq": ours, "agoq_tokens_per_s": ours_tps,
+                        "against": alt, "against_tokens_per_s": alt_tps, "ratio": ratio, "state": state,
+                        "open": missing, "final": not missing})
+    return out
 
 
 def _print_matrix(m) -> None:
@@ -1240,6 +1277,16 @@ def _print_matrix(m) -> None:
               " ".join(f"{q // K:>6}K" for q in m["seqs"]))
         for c in m["configs"]:
             print(f"  {c:14s}" + " ".join(f"{mark[m['cells'][f'{c}@{cap:g}@{q}']]:>7s}" for q in m["seqs"]))
+    if m.get("goals"):
+        print("goals per budget and length (the measured rows; 'open': missing cells that could still change it):")
+        for g in m["goals"]:
+            if g["ratio"] is not None:
+                how = (f"{g['agoq']} {g['agoq_tokens_per_s']:,.0f} / {g['against']} {g['against_tokens_per_s']:,.0f} = "
+                       f"{g['ratio']:.3f}x (goal {g['target']:g}x: {g['state']})")
+            else:
+                how = g["state"]
+            print(f"  cap {g['cap_gib']:g} {g['seq'] // K:>4}K  {how}; " +
+                  ("final" if g["final"] else f"open: {', '.join(g['open'])}"))
     if m["commands"]:
         n = m["counts"]["missing"]
         print(f"to measure the {n} missing cells: {len(m['commands'])} cells commands, ~{m['estimated_s'] / 60:.0f} "

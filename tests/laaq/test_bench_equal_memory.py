@@ -648,3 +648,31 @@ def test_policy_retry_prefers_the_first_steps_peak(bench):
            "first_step_peak_bytes": 72 * G, "warmup_peak_bytes": 95 * G}
     assert bench._policy_retry(state, res, static_late=20 * G)  # predicted first step 70 GiB, measured 72: 2 short
     assert abs(state["headroom"] - (0.02 + 0.03)) < 1e-12  # at least 3% more
+
+
+def test_matrix_goals_say_which_goal_applies_where_it_stands_and_what_could_change_it(bench, capsys):
+    """Where plain fits, the budget policy against plain (>= 0.98x), only plain and the policies able to change it;
+    elsewhere AGoQ's best (any AGoQ row, in the matrix or not) against the fastest alternative that fits (>= 1.15x),
+    every missing cell able to change it."""
+    K = 1024
+
+    def row(c, q, tps=None, cap=0):
+        return {"config": c, "seq": q, "cap_gib": cap, "oom": tps is None, "tokens_per_s": tps, "peak_bytes": 1}
+
+    rows = [row("plain-c", 8 * K, 100.0), row("policy-m", 8 * K, 99.0), row("laaq-c", 8 * K, 120.0),
+            row("plain-c", 16 * K), row("fp8-c", 16 * K, 80.0), row("policy-m-fp8-qg", 16 * K, 96.0),
+            row("ckpt-c", 32 * K, 50.0), row("policy-m", 64 * K, 10.0)]
+    configs = ("plain-c", "ckpt-c", "fp8-c", "laaq-c", "policy-m")
+    m = bench.matrix(rows, configs=configs, seqs=(8 * K, 16 * K, 32 * K, 64 * K), caps=(0.0,))
+    g = {x["seq"] // K: x for x in m["goals"]}
+    assert g[8]["target"] == 0.98 and (g[8]["agoq"], g[8]["against"]) == ("policy-m", "plain-c")  # not laaq-c
+    assert abs(g[8]["ratio"] - 0.99) < 1e-12 and g[8]["state"] == "met"
+    assert g[8]["open"] == [] and g[8]["final"]  # ckpt-c, fp8-c missing at 8K cannot change a plain-fits goal
+    assert g[16]["target"] == 1.15 and (g[16]["agoq"], g[16]["against"]) == ("policy-m-fp8-qg", "fp8-c")
+    assert abs(g[16]["ratio"] - 1.2) < 1e-12 and g[16]["state"] == "met" and g[16]["open"] == ["ckpt-c", "laaq-c", "policy-m"]
+    assert g[32]["state"] == "no AGoQ row" and g[32]["ratio"] is None and not g[32]["final"]
+    assert g[64]["state"] == "only AGoQ fits" and "plain-c" not in g[64]["open"]  # plain-c ran out at 16K
+    bench._print_matrix(m)
+    out = capsys.readouterr().out
+    assert "policy-m 99 / plain-c 100 = 0.990x (goal 0.98x: met); final" in out
+    assert "only AGoQ fits; open: ckpt-c, fp8-c, laaq-c" in out
