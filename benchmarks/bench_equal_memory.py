@@ -77,6 +77,8 @@ ALL_CONFIGS = ("plain", "plain-c", "ckpt", "ckpt-c", "ckpt-ce", "ckpt-ce-c", "pa
                "policy-c", "policy-fp8-c", "policy-m", *POLICY_M_FP8, "fp8-ce-c")
 AGOQ = ("laaq", "laaq-c", "laaq-hf", "laaq-hf-c", "laaq-fp8-c", "laaq-liger", "qckpt", "qckpt-c", "policy", "policy-c", "policy-fp8-c",
         "policy-m", *POLICY_M_FP8)
+#: Plain bf16 (eager, compiled) and the budget policies of the matrix: issue 18's goal where plain fits compares them.
+_PLAINS, _POLICIES = ("plain", "plain-c"), ("policy-m", *POLICY_M_FP8)
 #: The longest-sequence pair (issue 18's third goal): the alternative that reaches furthest -- full checkpointing,
 #: compiled, with the chunked linear cross-entropy (no logits: as Liger's fused linear CE; the bench's ``ckpt``
 #: keeps HF's fp32 logits, which alone need 4 x T x vocab bytes) -- against AGoQ's longest reach, every layer
@@ -1036,6 +1038,11 @@ def table(rows, smoke):
     return "\n".join(lines)
 
 
+def _fastest_row(rows, which):
+    """The row with the most tokens/s among ``rows`` whose configuration ``which(config)`` accepts (None: none)."""
+    return max((r for r in rows if which(r["config"])), key=lambda r: r["tokens_per_s"], default=None)
+
+
 def summarize(rows):
     """Longest sequence per (config, cap), and per (cap, seq) the fastest alternative vs AGoQ's best."""
     agoq = AGOQ
@@ -1048,9 +1055,9 @@ def summarize(rows):
     for cap in sorted({r["cap_gib"] for r in rows}):
         for seq in sorted({r["seq"] for r in rows}):
             here = [r for r in ok if r["cap_gib"] == cap and r["seq"] == seq]
-            alt = max((r for r in here if r["config"] not in agoq), key=lambda r: r["tokens_per_s"], default=None)
-            ours = max((r for r in here if r["config"] in agoq), key=lambda r: r["tokens_per_s"], default=None)
-            plain = next((r for r in here if r["config"] == "plain"), None)
+            alt = _fastest_row(here, lambda c: c not in agoq)
+            ours = _fastest_row(here, lambda c: c in agoq)
+            plain = _fastest_row(here, lambda c: c in _PLAINS)  # plain bf16, eager or compiled
             if alt or ours:
                 cmp.append({"cap_gib": cap, "seq": seq, "fastest_alternative": alt and alt["config"],
                             "alternative_tokens_per_s": alt and alt["tokens_per_s"],
@@ -1234,7 +1241,6 @@ def matrix(rows, configs=MATRIX_CONFIGS, seqs=MATRIX_SEQS, caps=(0.0, 80.0)) -> 
 #: Issue 18's speed goals: where plain bf16 does not fit, AGoQ's best >= 1.15x the fastest alternative that fits;
 #: where it fits, the budget policy >= 0.98x plain.
 GOAL_NO_PLAIN, GOAL_PLAIN = 1.15, 0.98
-_PLAINS, _POLICIES = ("plain", "plain-c"), ("policy-m", *POLICY_M_FP8)
 
 
 def matrix_goals(by, cells, configs=MATRIX_CONFIGS, seqs=MATRIX_SEQS, caps=(0.0, 80.0)) -> list[dict]:
@@ -1244,26 +1250,24 @@ def matrix_goals(by, cells, configs=MATRIX_CONFIGS, seqs=MATRIX_SEQS, caps=(0.0,
     out = []
     for cap in caps:
         for q in seqs:
-            here = {c: r for (c, cp, qq), r in by.items() if cp == cap and qq == q and not r.get("oom")
-                    and r.get("tokens_per_s")}
-            best = lambda names: max(((c, here[c]["tokens_per_s"]) for c in here if c in names),  # noqa: E731
-                                     key=lambda t: t[1], default=(None, None))
+            here = [r for (_, cp, qq), r in by.items() if cp == cap and qq == q and not r.get("oom")
+                    and r.get("tokens_per_s")]
             missing = [c for c in configs if cells[f"{c}@{cap:g}@{q}"] == "missing"]
-            plain, plain_tps = best(_PLAINS)
-            if plain is not None:  # only plain and the policies decide this goal
+            alt = _fastest_row(here, lambda c: c in _PLAINS)
+            if alt is not None:  # only plain and the policies decide this goal
                 missing = [c for c in missing if c in _PLAINS or c in _POLICIES]
-                ours, ours_tps = best(_POLICIES)
-                alt, alt_tps, goal, what = plain, plain_tps, GOAL_PLAIN, "plain fits: the budget policy against plain"
+                ours = _fastest_row(here, lambda c: c in _POLICIES)
+                goal, what = GOAL_PLAIN, "plain fits: the budget policy against plain"
             else:
-                ours, ours_tps = best(set(here) & set(AGOQ))
-                alt, alt_tps = best(set(here) - set(AGOQ))
+                ours, alt = _fastest_row(here, lambda c: c in AGOQ), _fastest_row(here, lambda c: c not in AGOQ)
                 goal, what = GOAL_NO_PLAIN, "AGoQ's best against the fastest alternative"
-            ratio = ours_tps / alt_tps if ours_tps and alt_tps else None
+            ratio = ours["tokens_per_s"] / alt["tokens_per_s"] if ours and alt else None
             state = ("met" if ratio >= goal else "not met") if ratio is not None else (
-                "only AGoQ fits" if ours and not alt else "no AGoQ row" if alt else "nothing measured fits")
-            out.append({"cap_gib": cap, "seq": q, "goal": what, "target": goal, "agoq": ours, "agoq_tokens_per_s": ours_tps,
-                        "against": alt, "against_tokens_per_s": alt_tps, "ratio": ratio, "state": state,
-                        "open": missing, "final": not missing})
+                "only AGoQ fits" if ours else "no AGoQ row" if alt else "nothing measured fits")
+            out.append({"cap_gib": cap, "seq": q, "goal": what, "target": goal,
+                        "agoq": ours and ours["config"], "agoq_tokens_per_s": ours and ours["tokens_per_s"],
+                        "against": alt and alt["config"], "against_tokens_per_s": alt and alt["tokens_per_s"],
+                        "ratio": ratio, "state": state, "open": missing, "final": not missing})
     return out
 
 

@@ -55,6 +55,8 @@ def test_summary_and_table(bench):
     c16 = next(c for c in s["agoq_vs_fastest_alternative"] if c["seq"] == 16384)
     assert c16["plain_fits"] and abs(c16["ratio"] - 8900 / 9000) < 1e-9
     assert c32["ratio_median"] is None  # rows without a median step
+    compiled = [dict(r, config="plain-c") if r["config"] == "plain" else r for r in rows]  # compiled plain is plain
+    assert next(c for c in bench.summarize(compiled)["agoq_vs_fastest_alternative"] if c["seq"] == 16384)["plain_fits"]
     rows[1]["tokens_per_s_median"], rows[3]["tokens_per_s_median"] = 7000.0, 7350.0  # a slow step in sac-c's mean
     c32 = next(c for c in bench.summarize(rows)["agoq_vs_fastest_alternative"] if c["seq"] == 32768)
     assert abs(c32["ratio"] - 1.1) < 1e-9 and abs(c32["ratio_median"] - 1.05) < 1e-9
