@@ -698,6 +698,35 @@ class _CompileWatch:
 POLICY_HEADROOM = (0.02, 0.45)
 
 
+def _memhist_start(device):
+    """$AGOQ_BENCH_MEMHIST=DIR: record the allocator's history over the timed steps (benchmarks/mem_peak.py)."""
+    if str(Path(__file__).resolve().parent) not in sys.path:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from mem_peak import Recorder
+
+    rec = Recorder(device.index or 0)
+    rec.start()
+    return rec
+
+
+def _memhist_stop(rec, tag) -> dict:
+    """Stop the recording, write the whole breakdown to $AGOQ_BENCH_MEMHIST/memhist_<tag>.json and print it;
+    the row keeps the path and the first groups. A failure here does not lose the cell's measurement."""
+    from mem_peak import format_report
+
+    try:
+        rep = rec.stop()
+    except Exception as exc:  # noqa: BLE001
+        return {"failed": f"{type(exc).__name__}: {exc}"[:300]}
+    out = Path(os.environ["AGOQ_BENCH_MEMHIST"]) / f"memhist_{tag}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rep, indent=1))
+    print(f"memory at the timed peak ({tag}):\n{format_report(rep)}", file=sys.stderr, flush=True)
+    first = (rep["ooms"] or [rep["peak"]])[-1] or {}
+    return {"path": str(out), "recorded_peak_bytes": rep["recorded_peak_bytes"], "truncated": rep["truncated"],
+            "at": "oom" if rep["ooms"] else "peak", "groups": first.get("groups", [])[:8]}
+
+
 def _policy_retry(state, res, static_late):
     """After a policy plan ran out of memory: the next attempt's settings in ``state``; False = give up.
 
@@ -740,7 +769,7 @@ def run_cell(cell):
             res = {"config": config, "seq": seq, "cap_gib": cell["cap_bytes"] / GIB if cell["cap_bytes"] else 0}
             if frac is not None:
                 res["memory_fraction"] = frac
-            model = opt = None
+            model = opt = rec = None
             oom = None
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
@@ -777,6 +806,8 @@ def run_cell(cell):
                     torch.cuda.synchronize()
                     res["warmup_peak_bytes"] = torch.cuda.max_memory_allocated(device)
                     torch.cuda.reset_peak_memory_stats(device)
+                    if os.environ.get("AGOQ_BENCH_MEMHIST") and cell["steps"]:  # what is alive at the timed peak
+                        rec = _memhist_start(device)
                 t0 = time.perf_counter()
                 each, t_prev, marks = [], t0, []
                 for _ in range(cell["steps"]):
@@ -785,6 +816,8 @@ def run_cell(cell):
                     each.append(round(t_now - t_prev, 4))
                     t_prev = t_now
                 res["step_times_s"] = each
+                if rec is not None:
+                    res["memhist"], rec = _memhist_stop(rec, f"{config}_{seq}_{len(results)}"), None
                 if marks:  # median ms per phase (forward, backward, optimizer) on the GPU's stream and the host
                     res["phases_ms"] = _median_phases(marks)
                 if cuda:
@@ -815,6 +848,8 @@ def run_cell(cell):
 
                 res.update(oom=False, failed=f"{type(exc).__name__}: {str(exc)[:300]}",
                            traceback=traceback.format_exc()[-1500:])
+            if rec is not None:  # the recording ends with the OOM (the live set at each oom event) or a failure
+                res["memhist"], rec = _memhist_stop(rec, f"{config}_{seq}_{len(results)}"), None
             if oom is not None:  # "timed" only past every warm-up step (until 2026-12-07: past the first one)
                 warm_steps = cell.get("warmup", 1) if cell["steps"] else 1
                 res.update(oom=True, error=oom, oom_phase="timed" if res.get("steps_done", 0) >= warm_steps else "warm-up")
