@@ -78,6 +78,31 @@ def test_quantize_dequantize_accumulate(fmt, block, odd, vec16_seen, device):
     assert vec16_seen == ([not odd, True, not odd] if spec.bits == 8 else [not odd] * 3)
 
 
+@pytest.mark.parametrize("fmt", ["int4", "int5", "nf4", "fp4_e2m1", "mxfp4", "fp8_e4m3", "mxfp8", "nvfp4"])
+def test_bf16_input_words(fmt, vec16_seen, device):
+    """bf16 input on the 16-lane tile moves as int32 words of two elements (kernels._load16_raw / _widen16): the
+    codes and scales of quantize, and of accumulate's bf16 gradient, equal the reference's bit for bit, with
+    non-finite, zero and tiny blocks among the Gaussian ones (an odd-element / even-element mix-up would move
+    every other value)."""
+    spec = get_format(fmt)
+    x = special_blocks(spec, spec.block, seed=7)
+    x = x[: x.numel() // spec.block * spec.block].to(torch.bfloat16)
+    n = x.numel()
+    want_c, want_s = ref.quantize_blocks(x, spec)
+    codes = torch.zeros(spec.code_bytes(n), dtype=torch.uint8, device=device)
+    scales = torch.empty(spec.num_blocks(n), device=device)
+    launch.quantize(x.to(device), spec, codes, scales)
+    assert_bits_equal(codes.cpu(), want_c, "codes")
+    assert_bits_equal(scales.cpu(), want_s, "scales")
+    if not spec.tensor_scaled:  # accumulate takes block-local formats (nvfp4's scale is per tensor too)
+        g = torch.randn(n, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+        launch.accumulate(codes, scales, spec, g.to(device))
+        acc_c, acc_s = ref.accumulate(want_c, want_s, spec, n, g)
+        assert_bits_equal(codes.cpu(), acc_c, "accumulated codes")
+        assert_bits_equal(scales.cpu(), acc_s, "accumulated scales")
+    assert vec16_seen and all(vec16_seen)
+
+
 @pytest.mark.parametrize("odd_stride", [False, True], ids=["stride16", "odd-stride"])
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "mxfp8"])
 def test_reduce_requantize(fmt, odd_stride, vec16_seen, device):

@@ -465,6 +465,42 @@ def _tile16(t, n_blocks, ROWS: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.cons
 
 
 @triton.jit
+def _load16_raw(ptr, t, n_blocks, ROWS: tl.constexpr, BLOCK: tl.constexpr, FLOAT: tl.constexpr):
+    """Tile t's two halves [J, ROWS, 8] (_tile16's layout) as stored, for _widen16. bf16 (FLOAT 1) moves as int32
+    words of two elements, [J, ROWS, 4] each half; other floats as they are."""
+    rows, _, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
+    if FLOAT == 1:
+        j = tl.arange(0, BLOCK // 16)
+        k = tl.arange(0, 4)
+        woff = rows[None, :, None] * (BLOCK // 2) + j[:, None, None] * 8 + k[None, None, :]
+        wm = (rows < n_blocks)[None, :, None] & (k[None, None, :] >= 0)
+        wp = ptr.to(tl.pointer_type(tl.int32))
+        return tl.load(wp + woff, mask=wm, other=0), tl.load(wp + woff + 4, mask=wm, other=0)
+    else:
+        return tl.load(ptr + off, mask=m, other=0.0), tl.load(ptr + off + 8, mask=m, other=0.0)
+
+
+@triton.jit
+def _widen16(raw, ROWS: tl.constexpr, BLOCK: tl.constexpr, FLOAT: tl.constexpr):
+    """One half from _load16_raw in fp32 [J, ROWS, 8], exactly as _load_f32 gives it. bf16: the even element is
+    the word << 16, the odd one the word & 0xFFFF0000, one integer op each (through the int16 view the compiler
+    extracted the odd half and then shifted it: two, sm_90 SASS); the join puts them back in memory order in the
+    same thread's registers (no data moves)."""
+    if FLOAT == 1:
+        return tl.reshape(tl.join((raw << 16).to(tl.float32, bitcast=True),
+                                  (raw & -65536).to(tl.float32, bitcast=True)), (BLOCK // 16, ROWS, 8))
+    else:
+        return raw.to(tl.float32)
+
+
+@triton.jit
+def _load16_f32(ptr, t, n_blocks, ROWS: tl.constexpr, BLOCK: tl.constexpr, FLOAT: tl.constexpr):
+    """_load16_raw widened: the fp32 halves [J, ROWS, 8] of tile t."""
+    ra, rb = _load16_raw(ptr, t, n_blocks, ROWS, BLOCK, FLOAT)
+    return _widen16(ra, ROWS, BLOCK, FLOAT), _widen16(rb, ROWS, BLOCK, FLOAT)
+
+
+@triton.jit
 def _rows_of16(xa, xb, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     """The two halves [J, ROWS, 8] as one [ROWS, BLOCK] tile (a row's order is (j, c, half), not memory order:
     the block quantizer only reduces over rows and works element-wise). No data moves."""
@@ -687,8 +723,7 @@ def quantize_kernel(x_ptr, codes_ptr, scales_ptr, n, n_blocks, n_tiles,
     while t < n_tiles:
         if VEC16:
             rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
-            xa = _load_f32(x_ptr, off, m, X_FLOAT)
-            xb = _load_f32(x_ptr, off + 8, m, X_FLOAT)
+            xa, xb = _load16_f32(x_ptr, t, n_blocks, ROWS, BLOCK, X_FLOAT)
             ca, cb, scale = _quantize16(xa, xb, elut_ptr, ROWS, KIND, BITS, QMAX, BLOCK,
                                         NF4_LUT and elut_ptr is not None, HW, SCALE, ts_ptr)
             _store_codes16(codes_ptr, ca, cb, rows, ok, ~(scale > 0.0), ROWS, KIND, BITS, BLOCK)
@@ -743,8 +778,9 @@ def accumulate_kernel(codes_ptr, scales_ptr, lut_ptr, g_ptr, n, n_blocks, n_tile
             if not HW:
                 da = _materialise(da, n_tiles >> 31)
                 db = _materialise(db, n_tiles >> 31)
-            acca = da + _load_f32(g_ptr, off, m, G_FLOAT)
-            accb = db + _load_f32(g_ptr, off + 8, m, G_FLOAT)
+            ga, gb = _load16_f32(g_ptr, t, n_blocks, ROWS, BLOCK, G_FLOAT)
+            acca = da + ga
+            accb = db + gb
             _requantize16(acca, accb, codes_ptr, scales_ptr, elut_ptr, rows, ok, ROWS, KIND, BITS, QMAX, BLOCK,
                           NF4_LUT, HW, SCALE)
         else:
