@@ -104,13 +104,14 @@ for spec in "$@"; do
     #   CELLS_CONFIGS=plain-c,fp8-ce-c,laaq-c,policy-m-fp8 CELLS_SEQS=8K CELLS_CAPS=0,80 bash gpu_session.sh cells:560
     # CELLS_COSTS: per-layer profiles for the policy-m* rows (default: the H200's 32K bf16 and float8 ones: policy-m
     # plans from the bf16 options, policy-m-fp8 from the float8 ones; with the float8 one alone policy-m fell back to
-    # analytic eager costs, 2026-12-07 s17); CELLS_STEPS (2), CELLS_WARMUP (2); CELLS_CELL_TIMEOUT (240 s per process:
-    # a 128K step takes ~58 s on an H100, so 128K cells need more)
+    # analytic eager costs, 2026-12-07 s17; since s19 with the compiled recomputation options qckpt-c/ckpt-c at 32K:
+    # without them policy-m recomputed layers eagerly, docs/benchmarks.md §5.13); CELLS_STEPS (2), CELLS_WARMUP (2);
+    # CELLS_CELL_TIMEOUT (240 s per process; a 128K step takes 47-58 s on an H100, so 128K cells need more)
     cells) if [ "$secs" -le 60 ]; then echo "cells needs a limit above 60 s (its --budget-s is the limit - 60): got $secs"; continue; fi
            cmd=(python3 benchmarks/bench_equal_memory.py --configs "${CELLS_CONFIGS:?set CELLS_CONFIGS}" \
                 --caps "${CELLS_CAPS:-0}" --seqs "${CELLS_SEQS:?set CELLS_SEQS}" --steps "${CELLS_STEPS:-2}" --warmup "${CELLS_WARMUP:-2}" \
                 --cell-timeout-s "${CELLS_CELL_TIMEOUT:-240}" --budget-s $((secs - 60)) \
-                --layer-costs "${CELLS_COSTS:-docs/bench/h200-2026-12-01-s2/equal-memory/bench_layer_profile.json,docs/bench/h200-2026-12-02-s3/bench_layer_profile_fp8.json}" \
+                --layer-costs "${CELLS_COSTS:-docs/bench/h200-2026-12-01-s2/equal-memory/bench_layer_profile.json,docs/bench/h200-2026-12-02-s2/policy-80/bench_layer_profile_qc32k.json,docs/bench/h200-2026-12-02-s3/bench_layer_profile_fp8.json}" \
                 --json "$OUT/bench_equal_memory_cells.json") ;;
     # issue 18: where FP8 gradients' 0.03-0.18 s per step goes (docs/benchmarks.md §5.9-§5.11): the float8 policy with
     # and without QuanGrad's FP8 buffers at 32K; the timed steps (QG_STEPS, default 2) record forward / backward /
