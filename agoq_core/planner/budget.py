@@ -172,6 +172,12 @@ def plan_options(costs: Mapping[str, Any], *, prefix: str = "") -> dict[str, Any
 #: from 32K costs were within 0.35% of the measured peak on an H100; 128K plans under-predicted it by 1.5-5.7%).
 FAR_SCALE = 2.0
 
+#: Tokens per step from which a plan's measured peak has exceeded its prediction by more than the default headroom
+#: even with costs measured at that length (docs/benchmarks.md §5.13: 128K on an H100, the float8 plan 6.1% over,
+#: the bf16 plan 0.7%; up to 64K within 0.35%), and the headroom that plan's retry fitted with (8.9%, rounded down).
+LONG_SEQ_TOKENS = 131072
+LONG_SEQ_HEADROOM = 0.08
+
 
 def costs_at_length(costs: Mapping[str, Mapping], seq_len: int, shape: TransformerShape, *, batch: int = 1,
                     device="H200") -> tuple[dict, str | None]:
@@ -756,6 +762,11 @@ def plan_budget(model: object, *, budget: int | str, seq_len: int, batch: int = 
     picked = [opts[j] for j in sol.choices]
     lf = sum(o.time_s for o in picked)
     notes = [_peak_note(picked, floor)]
+    if T >= LONG_SEQ_TOKENS and headroom < LONG_SEQ_HEADROOM:
+        notes.append(f"{T} tokens per step: at 128K a plan's measured peak exceeded its prediction by up to 6.1% (H100, "
+                     "float8 plan from costs measured at 128K; docs/benchmarks.md §5.13), more than this plan's "
+                     f"{headroom:.0%} headroom; plan with headroom={LONG_SEQ_HEADROOM:g} (--headroom) until that is "
+                     "explained")
     if budget_b > dev.memory_bytes:
         notes.append(f"the budget {fmt_bytes(budget_b)} is more than the {dev.name} holds ({fmt_bytes(dev.memory_bytes)}"
                      f" in its profile): on that card this plan runs out of memory; give a budget within the card's "

@@ -460,3 +460,19 @@ def test_plan_cli_grads_auto(capsys):
     assert "gradients " in capsys.readouterr().out
     assert main(["plan", "--grads", "auto"]) != 0
     assert "--grads auto chooses the gradient storage of a memory-budget plan" in capsys.readouterr().err
+
+
+def test_long_sequences_ask_for_more_headroom():
+    """At >= 128K tokens per step the plan notes that a measured peak exceeded its prediction by more than the
+    default headroom (docs/benchmarks.md §5.13), and not when the plan already leaves that headroom, nor below."""
+    from agoq_core.planner.budget import LONG_SEQ_HEADROOM, LONG_SEQ_TOKENS
+
+    def notes(seq, batch=1, headroom=0.02):
+        p = plan_budget("llama2-7b", budget="140GiB", seq_len=seq, batch=batch, device="H200", headroom=headroom)
+        return [n for n in p.notes if "tokens per step" in n]
+
+    (n,) = notes(LONG_SEQ_TOKENS)
+    assert "6.1%" in n and f"headroom={LONG_SEQ_HEADROOM:g}" in n and "2% headroom" in n
+    assert notes(LONG_SEQ_TOKENS // 2, batch=2)  # tokens per step, not the sequence length
+    assert not notes(LONG_SEQ_TOKENS, headroom=LONG_SEQ_HEADROOM)
+    assert not notes(LONG_SEQ_TOKENS // 2)
