@@ -51,6 +51,10 @@ groups, saved and transient bytes) in its own process; its table and JSON go wit
 
 Writes $OUT/bench_equal_memory.json (or --json), prints the table, saves the Pareto plot
 (tokens/s vs sequence length, one panel per budget) next to the JSON.
+
+On a GPU: AGOQ_BENCH_PROFILE=DIR profiles one more step per cell (kernel groups); AGOQ_BENCH_MEMHIST=DIR records
+the allocator's history over the timed steps and writes what is alive at their peak and at an out-of-memory,
+grouped by the code that allocated it (benchmarks/mem_peak.py; the row's step times then include the recorder's cost).
 """
 from __future__ import annotations
 
@@ -724,7 +728,8 @@ def _memhist_stop(rec, tag) -> dict:
     print(f"memory at the timed peak ({tag}):\n{format_report(rep)}", file=sys.stderr, flush=True)
     first = (rep["ooms"] or [rep["peak"]])[-1] or {}
     return {"path": str(out), "recorded_peak_bytes": rep["recorded_peak_bytes"], "truncated": rep["truncated"],
-            "at": "oom" if rep["ooms"] else "peak", "groups": first.get("groups", [])[:8]}
+            "at": "oom" if rep["ooms"] else "peak", "groups": first.get("groups", [])[:8],
+            "note": "the timed steps ran under the allocator's recorder: their times include its cost"}
 
 
 def _policy_retry(state, res, static_late):

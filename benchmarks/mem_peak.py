@@ -114,8 +114,8 @@ class Recorder:
     ``max_entries`` bounds the host memory of the ring buffer; a step of a 32-layer model at 128K tokens makes
     tens of thousands of events, and the oldest are dropped past the bound (then ``truncated`` is true)."""
 
-    def __init__(self, device=0, max_entries: int = 2_000_000, top: int = 25):
-        self.device, self.max_entries, self.top = device, max_entries, top
+    def __init__(self, device: int = 0, max_entries: int = 2_000_000, top: int = 25):
+        self.device, self.max_entries, self.top = int(device), max_entries, top
         self.base = None
 
     def start(self) -> None:
@@ -135,8 +135,7 @@ class Recorder:
         torch.cuda.synchronize(self.device)
         snap = torch.cuda.memory._snapshot(self.device)
         torch.cuda.memory._record_memory_history(enabled=None)
-        idx = torch.device("cuda", self.device).index if not isinstance(self.device, int) else self.device
-        rep = breakdown(snap, self.base, device=idx or 0, top=self.top)
+        rep = breakdown(snap, self.base, device=self.device, top=self.top)
         rep["truncated"] = rep["events"] >= self.max_entries
         self.base = None
         return rep
