@@ -468,12 +468,12 @@ def _tile16(t, n_blocks, ROWS: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.cons
 def _load16_raw(ptr, t, n_blocks, ROWS: tl.constexpr, BLOCK: tl.constexpr, FLOAT: tl.constexpr):
     """Tile t's two halves [J, ROWS, 8] (_tile16's layout) as stored, for _widen16. bf16 (FLOAT 1) moves as int32
     words of two elements, [J, ROWS, 4] each half; other floats as they are."""
-    rows, _, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
+    rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
     if FLOAT == 1:
         j = tl.arange(0, BLOCK // 16)
         k = tl.arange(0, 4)
         woff = rows[None, :, None] * (BLOCK // 2) + j[:, None, None] * 8 + k[None, None, :]
-        wm = (rows < n_blocks)[None, :, None] & (k[None, None, :] >= 0)
+        wm = ok[None, :, None] & (k[None, None, :] >= 0)
         wp = ptr.to(tl.pointer_type(tl.int32))
         return tl.load(wp + woff, mask=wm, other=0), tl.load(wp + woff + 4, mask=wm, other=0)
     else:
