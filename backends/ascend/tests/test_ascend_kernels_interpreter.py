@@ -183,13 +183,20 @@ _ALLOWED_TL = {
 _CUDA_ONLY_SWITCHES = {"HW", "FAST_DIV", "VEC16"}
 
 
+def _cuda_only_test(test) -> bool:
+    """``HW`` / ``FAST_DIV`` / ``VEC16``, or an ``and`` with one of them among its operands (``VEC16 and PREFETCH``)."""
+    if isinstance(test, ast.Name):
+        return test.id in _CUDA_ONLY_SWITCHES
+    return isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) and any(map(_cuda_only_test, test.values))
+
+
 def _walk_ascend_reachable(node):
-    """ast.walk, except the True branch of ``if HW:`` / ``if FAST_DIV:`` / ``if VEC16:``."""
+    """ast.walk, except the True branch of ``if HW:`` / ``if FAST_DIV:`` / ``if VEC16:`` (and ``if VEC16 and X:``)."""
     stack = [node]
     while stack:
         n = stack.pop()
         yield n
-        if isinstance(n, ast.If) and isinstance(n.test, ast.Name) and n.test.id in _CUDA_ONLY_SWITCHES:
+        if isinstance(n, ast.If) and _cuda_only_test(n.test):
             stack.extend(n.orelse)
             continue
         stack.extend(ast.iter_child_nodes(n))
@@ -259,6 +266,13 @@ def test_the_lint_prunes_helpers_called_only_under_cuda_switches():
     defs = _ascend_reachable_defs(mod)
     assert [d.name for d in defs] == ["a_kernel", "narrow"]
     assert _tl_attrs(defs) == {"where"}
+
+
+def test_the_lint_prunes_an_and_with_a_cuda_switch_but_not_an_or():
+    src = ("def f(x, VEC16, PREFETCH):\n    if VEC16 and PREFETCH:\n        return tl.permute(x, (1, 0))\n"
+           "    if PREFETCH or VEC16:\n        return tl.join(x, x)\n    return x\n")
+    seen = {n.attr for n in _walk_ascend_reachable(ast.parse(src)) if isinstance(n, ast.Attribute)}
+    assert seen == {"join"}
 
 
 def test_the_lint_sees_cuda_only_constructs_when_they_are_reachable():

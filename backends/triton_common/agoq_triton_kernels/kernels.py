@@ -715,26 +715,43 @@ def quantize_kernel(x_ptr, codes_ptr, scales_ptr, n, n_blocks, n_tiles,
                     KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
                     QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, X_FLOAT: tl.constexpr,
                     HW: tl.constexpr, elut_ptr=None, NF4_LUT: tl.constexpr = False, SCALE: tl.constexpr = 0,
-                    ts_ptr=None, VEC16: tl.constexpr = False, CONTIG: tl.constexpr = False):
+                    ts_ptr=None, VEC16: tl.constexpr = False, CONTIG: tl.constexpr = False,
+                    PREFETCH: tl.constexpr = False):
     """x (n elements; fp32/fp16, or bf16 as int16) -> codes (int8 view of the uint8 buffer), scales fp32.
 
-    VEC16 (agoq-cuda, whole power-of-two blocks >= 16): the 16-lane tile above; else the generic tile."""
+    VEC16 (agoq-cuda, whole power-of-two blocks >= 16): the 16-lane tile above; else the generic tile.
+    PREFETCH (with VEC16; persistent launches): each program loads its next tile before working on this one, so
+    two tiles per program are in flight (the fused RMSNorm's prefetch, agoq_cuda.fused_norm). Same bits."""
     t = tl.program_id(0)
-    while t < n_tiles:
-        if VEC16:
+    if VEC16 and PREFETCH:
+        ra, rb = _load16_raw(x_ptr, t, n_blocks, ROWS, BLOCK, X_FLOAT)
+        while t < n_tiles:
             rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
-            xa, xb = _load16_f32(x_ptr, t, n_blocks, ROWS, BLOCK, X_FLOAT)
+            xa = _widen16(ra, ROWS, BLOCK, X_FLOAT)
+            xb = _widen16(rb, ROWS, BLOCK, X_FLOAT)
+            tn = t + tl.num_programs(0)
+            ra, rb = _load16_raw(x_ptr, tn, n_blocks, ROWS, BLOCK, X_FLOAT)  # rows past the end: masked
             ca, cb, scale = _quantize16(xa, xb, elut_ptr, ROWS, KIND, BITS, QMAX, BLOCK,
                                         NF4_LUT and elut_ptr is not None, HW, SCALE, ts_ptr)
             _store_codes16(codes_ptr, ca, cb, rows, ok, ~(scale > 0.0), ROWS, KIND, BITS, BLOCK)
-        else:
-            rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
-            x = _load_f32(x_ptr, elem, emask, X_FLOAT)
-            codes, scale = quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None,
-                                         HW, SCALE, ts_ptr)
-            store_codes(codes_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED, CONTIG)
-        tl.store(scales_ptr + rows, scale, mask=ok)
-        t += tl.num_programs(0)
+            tl.store(scales_ptr + rows, scale, mask=ok)
+            t = tn
+    else:
+        while t < n_tiles:
+            if VEC16:
+                rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
+                xa, xb = _load16_f32(x_ptr, t, n_blocks, ROWS, BLOCK, X_FLOAT)
+                ca, cb, scale = _quantize16(xa, xb, elut_ptr, ROWS, KIND, BITS, QMAX, BLOCK,
+                                            NF4_LUT and elut_ptr is not None, HW, SCALE, ts_ptr)
+                _store_codes16(codes_ptr, ca, cb, rows, ok, ~(scale > 0.0), ROWS, KIND, BITS, BLOCK)
+            else:
+                rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
+                x = _load_f32(x_ptr, elem, emask, X_FLOAT)
+                codes, scale = quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None,
+                                             HW, SCALE, ts_ptr)
+                store_codes(codes_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED, CONTIG)
+            tl.store(scales_ptr + rows, scale, mask=ok)
+            t += tl.num_programs(0)
 
 
 @triton.jit(do_not_specialize=_SIZES)
