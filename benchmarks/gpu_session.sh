@@ -4,7 +4,7 @@
 # Stages: conformance, laaq, quangrad, laaq-fusion, fusion, codecs, torchtitan, equal-memory, equal-memory-m,
 # layer-profile-64k, layer-profile-qc32k, policy-80, longest, laaq-16k, layer-profile-fp8, float8-m, float8-80, float8-ce, liger, layer-profile-fp8-64k, float8-80-64k, float8-64k, cells, integrations, grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host,
 # dequant-tiles, norm-fusion, train-split-c, train-profile, train-profile-c, layer-host, train-alone, ab-codecs, maxnreg, layer-profile, ncu-norm,
-# norm-prefetch16, absmax, qg-profile, nvfp4-norm-probe, layer-profile-128k, quant-sweep. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
+# norm-prefetch16, absmax, qg-profile, nvfp4-norm-probe, layer-profile-128k. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
 set -u
 source "$(dirname "$0")/gpu_env.sh"
 OUT=${OUT:-/tmp/agoq-out}; mkdir -p "$OUT"
@@ -37,9 +37,6 @@ for spec in "$@"; do
     # the fused RMSNorm + quantize against the compiled norm + codec pair, 16K x 4096, the 4-bit formats (~60 s)
     norm-fusion) cmd=(python3 benchmarks/bench_codecs.py --formats ${NORM_FORMATS:-int4 nf4 fp4_e2m1 mxfp4 nvfp4} --sizes-mib 1024 --no-sweep \
                       --bucket-log2 0 --compile-formats --deadline-s $((secs - 20)) --json "$OUT/bench_codecs_norm.json") ;;
-    # issue 17: the 16-lane quantize, one tile per program against persistent programs with and without the prefetch
-    # of the next tile, fp4/mxfp4/nf4/int4/int8, 1 GiB bf16 (~60 s; picks agoq_cuda.launch.QUANT_PREFETCH)
-    quant-sweep) cmd=(python3 benchmarks/sweep_quant_geometry.py --json "$OUT/sweep_quant_geometry.json" ${QS_FORMATS:+--formats $QS_FORMATS}) ;;
     codecs)      cmd=(python3 benchmarks/bench_codecs.py --sizes-mib 1024 --no-sweep --deadline-s $((secs - 30))) ;;
     torchtitan)  cmd=(python3 benchmarks/bench_torchtitan.py --budget-s $((secs - 30))) ;;  # needs .whl (docs/integrations.md)
     equal-memory) cmd=(python3 benchmarks/bench_equal_memory.py --quick --budget-s $((secs - 70))) ;;  # torchao wheel in .whl; 290 s: layer profile + 3 cells

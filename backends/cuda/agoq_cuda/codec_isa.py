@@ -68,19 +68,19 @@ def compile_codec(op: str, fmt: str, arch: int = 90, nf4_lut: bool = True, hw: b
           "reduce_requantize": K.reduce_requantize_kernel}[op]
     sig = _signature(op, spec, lut)
     c.update(X_FLOAT=FLOAT_BF16, OUT_FLOAT=FLOAT_BF16, G_FLOAT=FLOAT_BF16)
-    from agoq_triton_kernels.launch import _prefetch, _vec16
+    from agoq_triton_kernels.launch import _vec16
 
     class _Aligned:  # what the launcher passes for aligned code buffers of whole blocks
         @staticmethod
         def data_ptr():
             return 0
 
-    c.update(_prefetch(la, _vec16(la, spec, False, _Aligned, stride=0)))  # PREFETCH: AGOQ_CUDA_QUANT_PREFETCH=1
+    c.update(_vec16(la, spec, False, _Aligned, stride=0))
     for k in ("elut_ptr", "ts_ptr"):
         if sig.get(k) == "constexpr":
             c[k] = None
     c = {k: v for k, v in c.items() if k in fn.arg_names}
-    rec = {"op": op, "fmt": fmt, "rows": la.rows, "hw": hw, "prefetch": bool(c.get("PREFETCH"))}
+    rec = {"op": op, "fmt": fmt, "rows": la.rows, "hw": hw}
     return _compile_and_count(fn, sig, c, la.options["num_warps"], la.rows * spec.block, arch, rec)
 
 

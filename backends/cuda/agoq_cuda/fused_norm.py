@@ -26,8 +26,8 @@ from agoq_cuda.fused_swiglu import _round  # RNE to the activation dtype, in reg
 from agoq_cuda.launch import LAUNCHER, fused_maxnreg, fused_vec16, norm_prefetch, norm_programs
 from agoq_triton_kernels.buffers import check_codec_buffers, float_view
 from agoq_triton_kernels.codes import bf16_bits_to_f32
-from agoq_triton_kernels.kernels import (_load16_f32, _load16_raw, _load_f32, _quantize16, _store_codes16, _store_f32,
-                                         _tile16, _widen16, quantize_tile, store_codes)
+from agoq_triton_kernels.kernels import (_load_f32, _quantize16, _store_codes16, _store_f32, _tile16, quantize_tile,
+                                         store_codes)
 from agoq_triton_kernels.layout import next_pow2, spec_constexprs
 
 __all__ = ["rmsnorm_quant_unsupported", "rmsnorm_quant_into", "rmsnorm_quant_variants", "VARIANTS"]
@@ -119,18 +119,23 @@ def _rmsnorm_quant_kernel(x_ptr, w_ptr, y_ptr, codes_ptr, scales_ptr, M, eps, ts
     t = tl.program_id(0)
     if PREFETCH:  # this program's first row, loaded before the loop
         if VEC16:
-            xra, xrb = _load16_raw(x_ptr, t, M * NBR, NBR, BLOCK, FLOAT)
+            _, _, off0, m0 = _tile16(t, M * NBR, NBR, BLOCK)
+            xra = _load_raw(x_ptr, off0, m0, FLOAT)
+            xrb = _load_raw(x_ptr, off0 + 8, m0, FLOAT)
         else:
             xr = _load_raw(x_ptr, (t * NBR + j)[:, None] * BLOCK + lanes[None, :], (col < H) & (t < M), FLOAT)
     while t < M:
         if VEC16:
             rows, ok, off, m = _tile16(t, M * NBR, NBR, BLOCK)  # the NBR blocks of token row t
             if PREFETCH:  # as on the generic tile: the next row's halves are loaded before this row's work
-                xa = _widen16(xra, NBR, BLOCK, FLOAT)
-                xb = _widen16(xrb, NBR, BLOCK, FLOAT)
-                xra, xrb = _load16_raw(x_ptr, t + tl.num_programs(0), M * NBR, NBR, BLOCK, FLOAT)
+                xa = _widen(xra, FLOAT)
+                xb = _widen(xrb, FLOAT)
+                _, _, offn, mn = _tile16(t + tl.num_programs(0), M * NBR, NBR, BLOCK)
+                xra = _load_raw(x_ptr, offn, mn, FLOAT)
+                xrb = _load_raw(x_ptr, offn + 8, mn, FLOAT)
             else:
-                xa, xb = _load16_f32(x_ptr, t, M * NBR, NBR, BLOCK, FLOAT)
+                xa = _load_f32(x_ptr, off, m, FLOAT)
+                xb = _load_f32(x_ptr, off + 8, m, FLOAT)
             ca, cb, scale = _quantize16(xa, xb, elut_ptr, NBR, KIND, BITS, QMAX, BLOCK, NF4_LUT, HW, SCALE, ts_ptr)
             _store_codes16(codes_ptr, ca, cb, rows, ok, ~(scale > 0.0), NBR, KIND, BITS, BLOCK)
             if ORDER == 1:

@@ -21,8 +21,7 @@ from agoq_triton_kernels.launch import Launch, Launcher, is_interpreted, vec16_a
 from agoq_triton_kernels.layout import next_pow2
 
 __all__ = ["Geometry", "geometry", "CudaGeometry", "VEC16_DEFAULTS", "MAXNREG", "NORM_PREFETCH", "norm_prefetch",
-           "NORM_PROGRAMS_PER_SM", "norm_programs", "QUANT_PREFETCH", "QUANT_PROGRAMS_PER_SM", "sm_count",
-           "PARTIALS_ROWS", "PARTIALS_PROGRAMS_PER_SM",
+           "NORM_PROGRAMS_PER_SM", "norm_programs", "sm_count", "PARTIALS_ROWS", "PARTIALS_PROGRAMS_PER_SM",
            "parse_vec16", "parse_maxnreg", "LAUNCHER", "quantize", "dequantize", "accumulate", "reduce_requantize",
            "is_interpreted"]
 
@@ -164,14 +163,9 @@ class CudaGeometry:
     fast_launch = True  # repeated calls launch the compiled kernel directly (Launcher's fast path; AGOQ_FAST_LAUNCH=0: off)
     float64_via_float32 = True
 
-    def __init__(self, vec16: str | None = None, quant_prefetch: bool | None = None):
-        """``vec16``: the tile rules (:func:`parse_vec16`); None reads AGOQ_CUDA_VEC16 (default ``auto``).
-        ``quant_prefetch``: whether 16-lane quantize launches are persistent and prefetch (:data:`QUANT_PREFETCH`);
-        None reads AGOQ_CUDA_QUANT_PREFETCH (1/0; unset or ``auto``: the table)."""
+    def __init__(self, vec16: str | None = None):
+        """``vec16``: the tile rules (:func:`parse_vec16`); None reads AGOQ_CUDA_VEC16 (default ``auto``)."""
         self.vec16_rules = parse_vec16(os.environ.get("AGOQ_CUDA_VEC16") if vec16 is None else vec16)
-        self.quant_prefetch = quant_prefetch
-        if quant_prefetch is None:  # read now, so a bad value fails at import, not at the first quantize
-            _flag("AGOQ_CUDA_QUANT_PREFETCH", False)
         # NF4 by a table (one gather per element) rather than the 15-threshold search: faster in the sm_90 codec
         # kernels (agoq_triton_kernels.kernels). AGOQ_CUDA_NF4_LUT=0 takes the search (the form agoq-ascend launches;
         # same codes) in every kernel of this process, for timing the fused ones both ways.
@@ -214,26 +208,9 @@ class CudaGeometry:
         # the 16-lane tile (codes packed and unpacked in registers) where the kernel allows it and vec16_for asks
         vec16 = block_p == spec.block >= 16 and self.vec16_for(op, spec)
         lanes = _GPU_TILE_LANES_5BIT_QUANTIZE if op == "quantize" and spec.bits == 5 and not vec16 else _GPU_TILE_LANES
-        pf = op == "quantize" and vec16 and self._quant_prefetch(spec, device)
-        if pf and programs is None and device.type == "cuda":
-            programs = QUANT_PROGRAMS_PER_SM * sm_count(device)
         geo = geometry(block_p, nb, device, rows=rows, programs=programs, lanes=lanes)
         return Launch(grid=geo.programs, rows=geo.rows, block_p=block_p, n_tiles=-(-nb // geo.rows),
-                      options={"num_warps": geo.num_warps}, plan=geo, vec16=vec16, prefetch=pf)
-
-    def _quant_prefetch(self, spec, device: torch.device) -> bool:
-        """The constructor's choice (the interpreter too: tests), else on a GPU the environment or the table."""
-        if self.quant_prefetch is not None:
-            return self.quant_prefetch
-        return device.type != "cpu" and _flag("AGOQ_CUDA_QUANT_PREFETCH", spec.name in QUANT_PREFETCH)
-
-
-#: Formats whose quantize (16-lane tile, on a GPU) runs persistent programs that prefetch their next tile
-#: (kernels.quantize_kernel's PREFETCH), QUANT_PROGRAMS_PER_SM programs per SM. Empty until a GPU times it against
-#: the one-tile-per-program launch (benchmarks/sweep_quant_geometry.py); AGOQ_CUDA_QUANT_PREFETCH=1 / 0 turns it on /
-#: off for every format (the interpreter never prefetches: its default launch is already the strided loop).
-QUANT_PREFETCH: frozenset[str] = frozenset()
-QUANT_PROGRAMS_PER_SM = 8
+                      options={"num_warps": geo.num_warps}, plan=geo, vec16=vec16)
 
 
 LAUNCHER = Launcher(CudaGeometry())

@@ -465,42 +465,6 @@ def _tile16(t, n_blocks, ROWS: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.cons
 
 
 @triton.jit
-def _load16_raw(ptr, t, n_blocks, ROWS: tl.constexpr, BLOCK: tl.constexpr, FLOAT: tl.constexpr):
-    """Tile t's two halves [J, ROWS, 8] (_tile16's layout) as stored, for _widen16. bf16 (FLOAT 1) moves as int32
-    words of two elements, [J, ROWS, 4] each half; other floats as they are."""
-    rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
-    if FLOAT == 1:
-        j = tl.arange(0, BLOCK // 16)
-        k = tl.arange(0, 4)
-        woff = rows[None, :, None] * (BLOCK // 2) + j[:, None, None] * 8 + k[None, None, :]
-        wm = ok[None, :, None] & (k[None, None, :] >= 0)
-        wp = ptr.to(tl.pointer_type(tl.int32))
-        return tl.load(wp + woff, mask=wm, other=0), tl.load(wp + woff + 4, mask=wm, other=0)
-    else:
-        return tl.load(ptr + off, mask=m, other=0.0), tl.load(ptr + off + 8, mask=m, other=0.0)
-
-
-@triton.jit
-def _widen16(raw, ROWS: tl.constexpr, BLOCK: tl.constexpr, FLOAT: tl.constexpr):
-    """One half from _load16_raw in fp32 [J, ROWS, 8], exactly as _load_f32 gives it. bf16: the even element is
-    the word << 16, the odd one the word & 0xFFFF0000, one integer op each (through the int16 view the compiler
-    extracted the odd half and then shifted it: two, sm_90 SASS); the join puts them back in memory order in the
-    same thread's registers (no data moves)."""
-    if FLOAT == 1:
-        return tl.reshape(tl.join((raw << 16).to(tl.float32, bitcast=True),
-                                  (raw & -65536).to(tl.float32, bitcast=True)), (BLOCK // 16, ROWS, 8))
-    else:
-        return raw.to(tl.float32)
-
-
-@triton.jit
-def _load16_f32(ptr, t, n_blocks, ROWS: tl.constexpr, BLOCK: tl.constexpr, FLOAT: tl.constexpr):
-    """_load16_raw widened: the fp32 halves [J, ROWS, 8] of tile t."""
-    ra, rb = _load16_raw(ptr, t, n_blocks, ROWS, BLOCK, FLOAT)
-    return _widen16(ra, ROWS, BLOCK, FLOAT), _widen16(rb, ROWS, BLOCK, FLOAT)
-
-
-@triton.jit
 def _rows_of16(xa, xb, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     """The two halves [J, ROWS, 8] as one [ROWS, BLOCK] tile (a row's order is (j, c, half), not memory order:
     the block quantizer only reduces over rows and works element-wise). No data moves."""
@@ -715,43 +679,27 @@ def quantize_kernel(x_ptr, codes_ptr, scales_ptr, n, n_blocks, n_tiles,
                     KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
                     QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, X_FLOAT: tl.constexpr,
                     HW: tl.constexpr, elut_ptr=None, NF4_LUT: tl.constexpr = False, SCALE: tl.constexpr = 0,
-                    ts_ptr=None, VEC16: tl.constexpr = False, CONTIG: tl.constexpr = False,
-                    PREFETCH: tl.constexpr = False):
+                    ts_ptr=None, VEC16: tl.constexpr = False, CONTIG: tl.constexpr = False):
     """x (n elements; fp32/fp16, or bf16 as int16) -> codes (int8 view of the uint8 buffer), scales fp32.
 
-    VEC16 (agoq-cuda, whole power-of-two blocks >= 16): the 16-lane tile above; else the generic tile.
-    PREFETCH (with VEC16; persistent launches): each program loads its next tile before working on this one, so
-    two tiles per program are in flight (the fused RMSNorm's prefetch, agoq_cuda.fused_norm). Same bits."""
+    VEC16 (agoq-cuda, whole power-of-two blocks >= 16): the 16-lane tile above; else the generic tile."""
     t = tl.program_id(0)
-    if VEC16 and PREFETCH:
-        ra, rb = _load16_raw(x_ptr, t, n_blocks, ROWS, BLOCK, X_FLOAT)
-        while t < n_tiles:
+    while t < n_tiles:
+        if VEC16:
             rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
-            xa = _widen16(ra, ROWS, BLOCK, X_FLOAT)
-            xb = _widen16(rb, ROWS, BLOCK, X_FLOAT)
-            tn = t + tl.num_programs(0)
-            ra, rb = _load16_raw(x_ptr, tn, n_blocks, ROWS, BLOCK, X_FLOAT)  # rows past the end: masked
+            xa = _load_f32(x_ptr, off, m, X_FLOAT)
+            xb = _load_f32(x_ptr, off + 8, m, X_FLOAT)
             ca, cb, scale = _quantize16(xa, xb, elut_ptr, ROWS, KIND, BITS, QMAX, BLOCK,
                                         NF4_LUT and elut_ptr is not None, HW, SCALE, ts_ptr)
             _store_codes16(codes_ptr, ca, cb, rows, ok, ~(scale > 0.0), ROWS, KIND, BITS, BLOCK)
-            tl.store(scales_ptr + rows, scale, mask=ok)
-            t = tn
-    else:
-        while t < n_tiles:
-            if VEC16:
-                rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
-                xa, xb = _load16_f32(x_ptr, t, n_blocks, ROWS, BLOCK, X_FLOAT)
-                ca, cb, scale = _quantize16(xa, xb, elut_ptr, ROWS, KIND, BITS, QMAX, BLOCK,
-                                            NF4_LUT and elut_ptr is not None, HW, SCALE, ts_ptr)
-                _store_codes16(codes_ptr, ca, cb, rows, ok, ~(scale > 0.0), ROWS, KIND, BITS, BLOCK)
-            else:
-                rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
-                x = _load_f32(x_ptr, elem, emask, X_FLOAT)
-                codes, scale = quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None,
-                                             HW, SCALE, ts_ptr)
-                store_codes(codes_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED, CONTIG)
-            tl.store(scales_ptr + rows, scale, mask=ok)
-            t += tl.num_programs(0)
+        else:
+            rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
+            x = _load_f32(x_ptr, elem, emask, X_FLOAT)
+            codes, scale = quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, NF4_LUT and elut_ptr is not None,
+                                         HW, SCALE, ts_ptr)
+            store_codes(codes_ptr, codes, rows, ok, elem, emask, n, ROWS, BITS, BLOCK, BLOCK_P, RAGGED, CONTIG)
+        tl.store(scales_ptr + rows, scale, mask=ok)
+        t += tl.num_programs(0)
 
 
 @triton.jit(do_not_specialize=_SIZES)
@@ -795,9 +743,8 @@ def accumulate_kernel(codes_ptr, scales_ptr, lut_ptr, g_ptr, n, n_blocks, n_tile
             if not HW:
                 da = _materialise(da, n_tiles >> 31)
                 db = _materialise(db, n_tiles >> 31)
-            ga, gb = _load16_f32(g_ptr, t, n_blocks, ROWS, BLOCK, G_FLOAT)
-            acca = da + ga
-            accb = db + gb
+            acca = da + _load_f32(g_ptr, off, m, G_FLOAT)
+            accb = db + _load_f32(g_ptr, off + 8, m, G_FLOAT)
             _requantize16(acca, accb, codes_ptr, scales_ptr, elut_ptr, rows, ok, ROWS, KIND, BITS, QMAX, BLOCK,
                           NF4_LUT, HW, SCALE)
         else:

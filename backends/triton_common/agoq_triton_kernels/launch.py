@@ -88,9 +88,6 @@ class Launch:
     vec16: bool = False
     """Use the 16-lane tile (kernels.VEC16: a thread owns 16 consecutive elements and
     packs/unpacks its codes in registers) where the launch allows it (whole power-of-two blocks >= 16, aligned code buffer)."""
-    prefetch: bool = False
-    """With the 16-lane tile (quantize only): each program loads its next tile before working on this one
-    (kernels.quantize_kernel's PREFETCH; for persistent launches, ``grid`` < ``n_tiles``)."""
 
 
 class LaunchGeometry(Protocol):
@@ -141,12 +138,6 @@ def _vec16(la: Launch, spec, ragged: bool, *codes: torch.Tensor, stride: int = 0
     if not la.vec16 or ragged or la.block_p != spec.block or spec.block < 16:
         return {}
     return {"VEC16": True} if vec16_aligned(spec, codes, writes=op != "dequantize", stride=stride) else {}
-
-
-def _prefetch(la: Launch, vec16: dict) -> dict:
-    """``vec16`` plus {"PREFETCH": True} where the launch prefetches and the piece took the 16-lane tile (the only
-    tile with a prefetching loop); passed only when set, so other launches keep their compiled variants."""
-    return {**vec16, "PREFETCH": True} if vec16 and la.prefetch else vec16
 
 
 def vec16_aligned(spec, codes, *, writes: bool, stride: int = 0) -> bool:
@@ -636,7 +627,7 @@ class Launcher:
             self._run(K.quantize_kernel, self._first(replan, rows),
                       lambda la: (xv[off:off + m], cpiece, scales[soff:soff + nb], m, nb, la.n_tiles),
                       lambda la: {**self._consts(f, la, ragged), "X_FLOAT": xk, "elut_ptr": elut, **ts_arg(ts),
-                                  **_prefetch(la, _vec16(la, spec, ragged, cpiece, op="quantize"))},
+                                  **_vec16(la, spec, ragged, cpiece, op="quantize")},
                       replan)
 
     def dequantize(self, codes: torch.Tensor, scales: torch.Tensor, spec, out: torch.Tensor, *,
