@@ -101,6 +101,13 @@ LAAQ_TRANSIENT_FIT = (12, 19)
 HF_LOSS_TRANSIENT_PER_LOGIT = 8
 #: Tokens per chunk of agoq_core.laaq.chunked_linear_cross_entropy (its default).
 CE_CHUNK = 4096
+#: Bytes per hidden element alive while the LAAQ-kept final norm runs its backward under the chunked loss (HF's
+#: fp32 RMSNorm through autograd): the recomputed norm's fp32 input and bf16 output (6), its dequantized input (2),
+#: the incoming dh (2) and autograd's fp32 temporaries (20). Read off the allocator's history at the peak of an H100
+#: step of LLaMA-2-7B at 128K tokens (benchmarks/mem_peak.py; docs/benchmarks.md §5.14): 16.11e9 bytes = 30.0 x
+#: 131072 x 4096. Until then the head was modelled at the loss's moment only (10 B per element + one chunk's logits),
+#: and a float8 plan whose peak is that moment came out 6.1% under at 128K.
+HEAD_NORM_BACKWARD_B = 30
 _SWIGLU_CHUNK_ELEMS = 1 << 28  # = agoq_core.laaq.functions.BACKWARD_CHUNK_ELEMS (no torch import here)
 
 
@@ -171,13 +178,6 @@ def plan_options(costs: Mapping[str, Any], *, prefix: str = "") -> dict[str, Any
 #: Scaling measured costs up by more than this factor is flagged in the note (docs/benchmarks.md §5.12: 64K plans
 #: from 32K costs were within 0.35% of the measured peak on an H100; 128K plans under-predicted it by 1.5-5.7%).
 FAR_SCALE = 2.0
-
-#: Tokens per step from which a plan's measured peak has exceeded its prediction by more than the default headroom
-#: even with costs measured at that length (docs/benchmarks.md §5.13: 128K on an H100, the float8 plan 6.1% over,
-#: the bf16 plan 0.7%; up to 64K within 0.35%), and the headroom that plan's retry fitted with (8.9%, rounded down).
-LONG_SEQ_TOKENS = 131072
-LONG_SEQ_HEADROOM = 0.08
-
 
 def costs_at_length(costs: Mapping[str, Mapping], seq_len: int, shape: TransformerShape, *, batch: int = 1,
                     device="H200") -> tuple[dict, str | None]:
@@ -435,8 +435,10 @@ def head_cost(shape: TransformerShape, *, seq_len: int, batch: int = 1, device="
         return HeadCost(saved, HF_LOSS_TRANSIENT_PER_LOGIT * T * V, hf + hb, loss)
     c = min(T, CE_CHUNK)
     saved = get_format("nf4").storage_bytes(T * h)
-    # one chunk's fp32 logits + softmax + bf16 grad, the recomputed norm (fp32 + bf16), dh, fp32 dW
-    transient = 10 * c * V + 8 * T * h + 2 * T * h + 4 * V * h
+    # the larger of two moments: the loss's backward (one chunk's fp32 logits + softmax + bf16 grad, the
+    # recomputed norm (fp32 + bf16), dh, fp32 dW) and the final norm's own backward after it, HEAD_NORM_BACKWARD_B
+    # bytes per hidden element (measured: the allocator's live set at a 128K peak, docs/benchmarks.md §5.14)
+    transient = max(10 * c * V + 8 * T * h + 2 * T * h + 4 * V * h, HEAD_NORM_BACKWARD_B * T * h)
     extra = 2.0 * T * h * V / dev.gemm_flops  # the logits GEMM again in backward
     return HeadCost(saved, transient, hf + hb + extra, loss)
 
@@ -762,11 +764,6 @@ def plan_budget(model: object, *, budget: int | str, seq_len: int, batch: int = 
     picked = [opts[j] for j in sol.choices]
     lf = sum(o.time_s for o in picked)
     notes = [_peak_note(picked, floor)]
-    if T >= LONG_SEQ_TOKENS and headroom < LONG_SEQ_HEADROOM:
-        notes.append(f"{T} tokens per step: at 128K a plan's measured peak exceeded its prediction by up to 6.1% (H100, "
-                     "float8 plan from costs measured at 128K; docs/benchmarks.md §5.13), more than this plan's "
-                     f"{headroom:.0%} headroom; plan with headroom={LONG_SEQ_HEADROOM:g} (--headroom) until that is "
-                     "explained")
     if budget_b > dev.memory_bytes:
         notes.append(f"the budget {fmt_bytes(budget_b)} is more than the {dev.name} holds ({fmt_bytes(dev.memory_bytes)}"
                      f" in its profile): on that card this plan runs out of memory; give a budget within the card's "
