@@ -252,7 +252,7 @@ def test_recorded_h200_policy_m_oom_is_explained():
     predicts its measured 104.27 GiB within 0.2%, so static memory, the head and the measured costs add up."""
     import json
 
-    from agoq_core.planner.budget import plan_budget, plan_for_choices
+    from agoq_core.planner.budget import CE_CHUNK, HEAD_NORM_BACKWARD_B, plan_budget, plan_for_choices
 
     rep = json.loads((_RUN / "bench_equal_memory.json").read_text())
     costs = rep["layer_profile"]["costs"]["32768"]  # as recorded (the leaf-input correction: the next test)
@@ -262,7 +262,12 @@ def test_recorded_h200_policy_m_oom_is_explained():
     measured = {k: v for k, v in costs.items() if not k.startswith("fp8")}
     G = 1 << 30
     plan = plan_budget("llama2-7b", budget=int(139.8 * G), seq_len=32768, options=opts, measured=measured)
-    assert plan.mix == pol[0]["mix"] and abs(plan.peak_bytes - pol[0]["predicted_peak_bytes"]) < 1 << 20
+    # the recorded plan, predicted then without the final norm's backward in the head (docs/benchmarks.md §5.14):
+    # today's prediction is higher by at most what that moment adds over the loss's
+    T, h, V = 32768, 4096, 32000
+    head_gain = HEAD_NORM_BACKWARD_B * T * h - (10 * CE_CHUNK * V + 10 * T * h + 4 * V * h)
+    assert plan.mix == pol[0]["mix"]
+    assert -(1 << 20) < plan.peak_bytes - pol[0]["predicted_peak_bytes"] < head_gain + (1 << 20)
     ran = [c if i < 8 else c.replace("-c", "") for i, c in enumerate(plan.choices)]  # what actually ran
     real = plan_for_choices("llama2-7b", ran, seq_len=32768, measured=measured)
     assert real.peak_bytes > 139.8 * G > plan.peak_bytes
