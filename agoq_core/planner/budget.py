@@ -805,7 +805,8 @@ def _peak_note(picked: Sequence[LayerOption], floor: int) -> str:
         if run + o.transient_bytes > peak:
             peak, where = run + o.transient_bytes, i
     if run + floor >= peak:
-        return "the peak is reached in the loss's backward (all layers' saved bytes alive)"
+        return ("the peak is reached in the head's backward (the loss, then the final norm; all layers' saved bytes "
+                "alive)")
     return (f"the peak is reached while layer {where}'s backward runs ({picked[where].name}: its workspace"
             f"{' and recomputation' if picked[where].kind in ('ckpt', 'qckpt') else ''}, layers 0-{where} still "
             "holding what they kept)")

@@ -507,3 +507,25 @@ def test_predicted_peaks_with_the_head_against_the_h100_and_h200_rows():
             assert abs(peak / r["peak_bytes"] - 1) < 0.003, (f, r["config"], r["seq"], peak, r["peak_bytes"])
             checked += 1
     assert checked >= 8
+
+
+def test_the_128k_plans_that_ran_on_the_h100(capsys):
+    """`agoq plan` from the three recorded profiles (the 128K one measured on the H100) gives the float8 plan that
+    ran on 2026-12-07 (docs/benchmarks.md §5.14: first try, default 2% headroom, 77.28 GiB measured), predicts its
+    peak within 0.2% and says where the peak is: the head's backward, every layer's saved bytes alive."""
+    import json
+    from pathlib import Path
+
+    from agoq_core.cli.main import main
+
+    bench = Path(__file__).resolve().parents[2] / "docs/bench"
+    costs = ",".join(str(bench / p) for p in ("h200-2026-12-01-s2/equal-memory/bench_layer_profile.json",
+                                                "h200-2026-12-02-s3/bench_layer_profile_fp8.json",
+                                                "h100-2026-12-07-s19/call1/lp128/bench_layer_profile_128k.json"))
+    ran = json.loads((bench / "h100-2026-12-07-s20/call5/c6/bench_equal_memory_cells.json").read_text())["runs"][0]
+    assert main(["plan", "--budget", "79.18GiB", "--model", "llama2-7b", "--device", "H100", "--seq-len", "131072",
+                 "--layer-costs", costs, "--float8", "--optimizer", "adam8bit", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["choices"] == ran["choices"]
+    assert abs(got["predicted_peak_bytes"] / ran["peak_bytes"] - 1) < 0.002, (got["predicted_peak_bytes"], ran["peak_bytes"])
+    assert any("head's backward" in n for n in got["notes"])
