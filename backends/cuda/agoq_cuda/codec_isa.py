@@ -75,7 +75,7 @@ def compile_codec(op: str, fmt: str, arch: int = 90, nf4_lut: bool = True, hw: b
         def data_ptr():
             return 0
 
-    c.update(_vec16(la, spec, False, _Aligned, stride=0))
+    c.update(_vec16(la, spec, False, _Aligned, stride=0, op=op))
     for k in ("elut_ptr", "ts_ptr"):
         if sig.get(k) == "constexpr":
             c[k] = None
@@ -164,7 +164,8 @@ def compile_fused(op: str, fmt: str, vec16: bool, arch: int = 90, hidden: int = 
         sizes = {"n": "i32", "n_blocks": "i32", "n_tiles": "i32"}
         if op == "silu_mul_quant":
             fn = fused_swiglu._silu_mul_quant_kernel
-            c.update(SILU=fused_swiglu.FORWARD_VARIANTS["libdevice"], tab_ptr=None)
+            c.update(SILU=fused_swiglu.FORWARD_VARIANTS["libdevice"], tab_ptr=None,
+                     WORDS=bool(la.words and c["VEC16"]))
             sig = {"g_ptr": p16, "u_ptr": p16, "h_ptr": p16, "gc_ptr": i8, "gs_ptr": p32, "uc_ptr": i8,
                    "us_ptr": p32, **sizes, "elut_ptr": "*i64" if lut else "constexpr"}
         elif op == "silu_mul_backward":

@@ -42,8 +42,8 @@ import triton.language as tl
 from agoq_cuda.launch import LAUNCHER, fused_maxnreg, fused_vec16
 from agoq_triton_kernels.buffers import check_codec_buffers, float_view
 from agoq_triton_kernels.codes import bf16_bits_to_f32, f32_to_bf16_bits
-from agoq_triton_kernels.kernels import (_dequantize16, _load_f32, _quantize16, _store_codes16, _store_f32, _tile,
-                                         _tile16, dequantize_tile, quantize_tile, store_codes)
+from agoq_triton_kernels.kernels import (_dequantize16, _load16_f32, _load_f32, _quantize16, _store_codes16,
+                                         _store_f32, _tile, _tile16, dequantize_tile, quantize_tile, store_codes)
 from agoq_triton_kernels.layout import spec_constexprs
 
 __all__ = ["silu_mul_quant_unsupported", "silu_mul_quant_into", "silu_mul_quant_variants",
@@ -131,15 +131,13 @@ def _silu_mul_quant_kernel(g_ptr, u_ptr, h_ptr, gc_ptr, gs_ptr, uc_ptr, us_ptr, 
                            KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
                            QMAX: tl.constexpr, ROWS: tl.constexpr, FLOAT: tl.constexpr, HW: tl.constexpr,
                            SILU: tl.constexpr, SCALE: tl.constexpr = 0, elut_ptr=None, NF4_LUT: tl.constexpr = False,
-                           tab_ptr=None, VEC16: tl.constexpr = False):
+                           tab_ptr=None, VEC16: tl.constexpr = False, WORDS: tl.constexpr = False):
     t = tl.program_id(0)
     while t < n_tiles:
         if VEC16:  # the codec kernels' 16-lane tile: a thread owns 16 consecutive elements of a block
             rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
-            ga = _load_f32(g_ptr, off, m, FLOAT)
-            gb = _load_f32(g_ptr, off + 8, m, FLOAT)
-            ua = _load_f32(u_ptr, off, m, FLOAT)
-            ub = _load_f32(u_ptr, off + 8, m, FLOAT)
+            ga, gb = _load16_f32(g_ptr, t, n_blocks, ROWS, BLOCK, FLOAT, WORDS)  # WORDS: bf16 as int32 words
+            ua, ub = _load16_f32(u_ptr, t, n_blocks, ROWS, BLOCK, FLOAT, WORDS)
             _quantize16_store(ga, gb, gc_ptr, gs_ptr, elut_ptr, rows, ok, ROWS, KIND, BITS, QMAX, BLOCK, NF4_LUT, HW,
                               SCALE)
             _quantize16_store(ua, ub, uc_ptr, us_ptr, elut_ptr, rows, ok, ROWS, KIND, BITS, QMAX, BLOCK, NF4_LUT, HW,
@@ -279,7 +277,8 @@ def silu_mul_quant_into(gate: torch.Tensor, up: torch.Tensor, spec, h: torch.Ten
         KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"], BLOCK_P=la.block_p,
         QMAX=c["QMAX"], ROWS=la.rows, FLOAT=fk, HW=hw_, SILU=silu, SCALE=c.get("SCALE", 0),
         elut_ptr=elut, NF4_LUT=elut is not None, tab_ptr=silu_table(gate.dtype, gate.device) if silu == 2 else None,
-        enable_fp_fusion=False, **tile, **la.options, **fused_maxnreg("silu_mul_quant", spec, tile, gate.device)))
+        enable_fp_fusion=False, **tile, **({"WORDS": True} if la.words and tile.get("VEC16") else {}), **la.options,
+        **fused_maxnreg("silu_mul_quant", spec, tile, gate.device)))
 
 
 @functools.cache

@@ -22,6 +22,7 @@ from agoq_triton_kernels.layout import next_pow2
 
 __all__ = ["Geometry", "geometry", "CudaGeometry", "VEC16_DEFAULTS", "MAXNREG", "NORM_PREFETCH", "norm_prefetch",
            "NORM_PROGRAMS_PER_SM", "norm_programs", "sm_count", "PARTIALS_ROWS", "PARTIALS_PROGRAMS_PER_SM",
+           "words_unreplicated",
            "parse_vec16", "parse_maxnreg", "LAUNCHER", "quantize", "dequantize", "accumulate", "reduce_requantize",
            "is_interpreted"]
 
@@ -170,6 +171,9 @@ class CudaGeometry:
         # kernels (agoq_triton_kernels.kernels). AGOQ_CUDA_NF4_LUT=0 takes the search (the form agoq-ascend launches;
         # same codes) in every kernel of this process, for timing the fused ones both ways.
         self.nf4_lut = _flag("AGOQ_CUDA_NF4_LUT", True)
+        # bf16 inputs of the 16-lane quantize / accumulate read as int32 words (kernels._load16_f32): sm_90 SASS
+        # 0.5-0.8 fewer instructions per element. AGOQ_CUDA_BF16_WORDS=0 reads them through the int16 view.
+        self.bf16_words = _flag("AGOQ_CUDA_BF16_WORDS", True)
 
     def vec16_for(self, op: str, spec) -> bool:
         """Whether ``op`` on ``spec`` asks for the 16-lane tile (the launcher still checks the kernel's
@@ -209,8 +213,19 @@ class CudaGeometry:
         vec16 = block_p == spec.block >= 16 and self.vec16_for(op, spec)
         lanes = _GPU_TILE_LANES_5BIT_QUANTIZE if op == "quantize" and spec.bits == 5 and not vec16 else _GPU_TILE_LANES
         geo = geometry(block_p, nb, device, rows=rows, programs=programs, lanes=lanes)
+        words = (vec16 and self.bf16_words and io_dtype == torch.bfloat16 and op in ("quantize", "accumulate")
+                 and words_unreplicated(block_p, geo.rows, geo.num_warps, device))
         return Launch(grid=geo.programs, rows=geo.rows, block_p=block_p, n_tiles=-(-nb // geo.rows),
-                      options={"num_warps": geo.num_warps}, plan=geo, vec16=vec16)
+                      options={"num_warps": geo.num_warps}, plan=geo, vec16=vec16, words=words)
+
+
+def words_unreplicated(block_p: int, rows: int, warps: int, device: torch.device) -> bool:
+    """Whether a 16-lane tile of ``rows`` blocks gives every thread of its ``warps`` warps its own 16 elements: the
+    only tiles that read bf16 as words (kernels._load16_f32). On an H100 (2026-12-07) the word loads gave wrong codes,
+    differing from run to run, at tiles with fewer 16-element groups than threads (a 256-column fused norm, 2-block
+    quantize tiles: Triton replicates such tensors across threads), and the reference's bits wherever every thread
+    owned its own group (the default codec tiles: 2,048 elements for 128 threads). The interpreter has no threads."""
+    return device.type == "cpu" or (block_p // 16) * rows >= 32 * warps
 
 
 LAUNCHER = Launcher(CudaGeometry())

@@ -79,11 +79,19 @@ def test_quantize_dequantize_accumulate(fmt, block, odd, vec16_seen, device):
 
 
 @pytest.mark.parametrize("fmt", ["int4", "int5", "nf4", "fp4_e2m1", "mxfp4", "fp8_e4m3", "mxfp8", "nvfp4"])
-def test_bf16_input(fmt, vec16_seen, device):
+def test_bf16_input(fmt, vec16_seen, device, monkeypatch):
     """bf16 input on the 16-lane tile: the codes and scales of quantize, and of accumulate's bf16 gradient, equal
     the reference's bit for bit, with non-finite, zero and tiny blocks among the Gaussian ones (a load that mixed up
     a word's two halves would move every other value: the bf16-as-int32-words variant tried on 2026-12-07 was
     checked here, docs/bench/codecs.md)."""
+    words = []
+    run = launch.LAUNCHER._run  # the vec16_seen spy: record WORDS too
+
+    def spy(kernel, la, args, consts, replan=None):
+        words.append(bool(consts(la).get("WORDS")))
+        return run(kernel, la, args, consts, replan)
+
+    monkeypatch.setattr(launch.LAUNCHER, "_run", spy)
     spec = get_format(fmt)
     x = special_blocks(spec, spec.block, seed=7)
     x = x[: x.numel() // spec.block * spec.block].to(torch.bfloat16)
@@ -101,6 +109,30 @@ def test_bf16_input(fmt, vec16_seen, device):
         assert_bits_equal(codes.cpu(), acc_c, "accumulated codes")
         assert_bits_equal(scales.cpu(), acc_s, "accumulated scales")
     assert vec16_seen and all(vec16_seen)
+    assert words == [True] * (1 if spec.tensor_scaled else 2)  # quantize (and accumulate): the default tiles give
+    # every thread its own 16 elements
+
+
+def test_words_only_where_every_thread_owns_its_elements(monkeypatch):
+    """CudaGeometry.plan reads bf16 as words (Launch.words) for the 16-lane quantize and accumulate only, only for
+    bf16, and on a GPU only where the tile has a 16-element group per thread (the default tiles: 2,048 elements for
+    128 threads); a 2-block tile (16 groups for 128 threads) takes the int16 view there, but not in the interpreter,
+    which has no threads. AGOQ_CUDA_BF16_WORDS=0 turns it off."""
+    spec = get_format("int4")
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+
+    def words(op="quantize", dtype=torch.bfloat16, dev=gpu, rows=None, vec16="1"):
+        return launch.CudaGeometry(vec16=vec16).plan(op, spec, 1 << 20, dtype, dev, rows=rows, programs=None).words
+
+    assert words() and words("accumulate")
+    assert not words("dequantize") and not words("reduce_requantize")
+    assert not words(dtype=torch.float32) and not words(dtype=torch.float16)
+    assert not words(rows=2) and words(rows=2, dev=cpu)
+    assert not words(vec16="0")
+    assert launch.words_unreplicated(128, 16, 4, gpu) and not launch.words_unreplicated(128, 8, 4, gpu)
+    assert not launch.words_unreplicated(128, 2, 8, gpu)  # the fused norm's 256-column row: 16 groups, 256 threads
+    monkeypatch.setenv("AGOQ_CUDA_BF16_WORDS", "0")
+    assert not words()
 
 
 @pytest.mark.parametrize("odd_stride", [False, True], ids=["stride16", "odd-stride"])

@@ -465,6 +465,34 @@ def _tile16(t, n_blocks, ROWS: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.cons
 
 
 @triton.jit
+def _load16_f32(ptr, t, n_blocks, ROWS: tl.constexpr, BLOCK: tl.constexpr, FLOAT: tl.constexpr,
+                WORDS: tl.constexpr = False):
+    """Tile t's two halves [J, ROWS, 8] (_tile16's layout) in fp32, exactly as _load_f32 gives them. WORDS (bf16
+    input, agoq-cuda): each half moves as [J, ROWS, 4] int32 words of two elements; the even element is the
+    word << 16, the odd one the word & 0xFFFF0000 (one integer op each; through the int16 view the compiler
+    extracts the odd half and then shifts it: two, sm_90 SASS), and a join puts them back in memory order in the
+    same thread's registers. Only where every thread owns its own 16 elements (CudaGeometry.plan's ``words``): a
+    tile smaller than its program's threads gave wrong codes on an H100 with this form (docs/bench/codecs.md,
+    twentieth session)."""
+    rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
+    if WORDS and FLOAT == 1:
+        j = tl.arange(0, BLOCK // 16)
+        k = tl.arange(0, 4)
+        woff = rows[None, :, None] * (BLOCK // 2) + j[:, None, None] * 8 + k[None, None, :]
+        wm = ok[None, :, None] & (k[None, None, :] >= 0)
+        wp = ptr.to(tl.pointer_type(tl.int32))
+        wa = tl.load(wp + woff, mask=wm, other=0)
+        wb = tl.load(wp + woff + 4, mask=wm, other=0)
+        xa = tl.reshape(tl.join((wa << 16).to(tl.float32, bitcast=True), (wa & -65536).to(tl.float32, bitcast=True)),
+                        (BLOCK // 16, ROWS, 8))
+        xb = tl.reshape(tl.join((wb << 16).to(tl.float32, bitcast=True), (wb & -65536).to(tl.float32, bitcast=True)),
+                        (BLOCK // 16, ROWS, 8))
+        return xa, xb
+    else:
+        return _load_f32(ptr, off, m, FLOAT), _load_f32(ptr, off + 8, m, FLOAT)
+
+
+@triton.jit
 def _rows_of16(xa, xb, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     """The two halves [J, ROWS, 8] as one [ROWS, BLOCK] tile (a row's order is (j, c, half), not memory order:
     the block quantizer only reduces over rows and works element-wise). No data moves."""
@@ -679,16 +707,17 @@ def quantize_kernel(x_ptr, codes_ptr, scales_ptr, n, n_blocks, n_tiles,
                     KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
                     QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, X_FLOAT: tl.constexpr,
                     HW: tl.constexpr, elut_ptr=None, NF4_LUT: tl.constexpr = False, SCALE: tl.constexpr = 0,
-                    ts_ptr=None, VEC16: tl.constexpr = False, CONTIG: tl.constexpr = False):
+                    ts_ptr=None, VEC16: tl.constexpr = False, CONTIG: tl.constexpr = False,
+                    WORDS: tl.constexpr = False):
     """x (n elements; fp32/fp16, or bf16 as int16) -> codes (int8 view of the uint8 buffer), scales fp32.
 
-    VEC16 (agoq-cuda, whole power-of-two blocks >= 16): the 16-lane tile above; else the generic tile."""
+    VEC16 (agoq-cuda, whole power-of-two blocks >= 16): the 16-lane tile above; else the generic tile. WORDS: bf16
+    read as int32 words on it (_load16_f32)."""
     t = tl.program_id(0)
     while t < n_tiles:
         if VEC16:
             rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
-            xa = _load_f32(x_ptr, off, m, X_FLOAT)
-            xb = _load_f32(x_ptr, off + 8, m, X_FLOAT)
+            xa, xb = _load16_f32(x_ptr, t, n_blocks, ROWS, BLOCK, X_FLOAT, WORDS)
             ca, cb, scale = _quantize16(xa, xb, elut_ptr, ROWS, KIND, BITS, QMAX, BLOCK,
                                         NF4_LUT and elut_ptr is not None, HW, SCALE, ts_ptr)
             _store_codes16(codes_ptr, ca, cb, rows, ok, ~(scale > 0.0), ROWS, KIND, BITS, BLOCK)
@@ -730,8 +759,9 @@ def accumulate_kernel(codes_ptr, scales_ptr, lut_ptr, g_ptr, n, n_blocks, n_tile
                       KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
                       QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, G_FLOAT: tl.constexpr,
                       NF4_LUT: tl.constexpr, HW: tl.constexpr, elut_ptr=None, SCALE: tl.constexpr = 0,
-                      VEC16: tl.constexpr = False, CONTIG: tl.constexpr = False):
-    """In place: (codes, scales) <- Q(D(codes, scales) + g), D in fp32 and one fp32 add.
+                      VEC16: tl.constexpr = False, CONTIG: tl.constexpr = False, WORDS: tl.constexpr = False):
+    """In place: (codes, scales) <- Q(D(codes, scales) + g), D in fp32 and one fp32 add (WORDS: a bf16 g read as
+    int32 words on the 16-lane tile, _load16_f32).
 
     Each tile reads its own blocks before writing them, so in-place is race-free."""
     t = tl.program_id(0)
@@ -743,8 +773,9 @@ def accumulate_kernel(codes_ptr, scales_ptr, lut_ptr, g_ptr, n, n_blocks, n_tile
             if not HW:
                 da = _materialise(da, n_tiles >> 31)
                 db = _materialise(db, n_tiles >> 31)
-            acca = da + _load_f32(g_ptr, off, m, G_FLOAT)
-            accb = db + _load_f32(g_ptr, off + 8, m, G_FLOAT)
+            ga, gb = _load16_f32(g_ptr, t, n_blocks, ROWS, BLOCK, G_FLOAT, WORDS)
+            acca = da + ga
+            accb = db + gb
             _requantize16(acca, accb, codes_ptr, scales_ptr, elut_ptr, rows, ok, ROWS, KIND, BITS, QMAX, BLOCK,
                           NF4_LUT, HW, SCALE)
         else:

@@ -88,6 +88,9 @@ class Launch:
     vec16: bool = False
     """Use the 16-lane tile (kernels.VEC16: a thread owns 16 consecutive elements and
     packs/unpacks its codes in registers) where the launch allows it (whole power-of-two blocks >= 16, aligned code buffer)."""
+    words: bool = False
+    """With the 16-lane tile, read a bf16 input as int32 words of two elements (kernels.WORDS; agoq-cuda decides,
+    and only for tiles where every thread owns its own elements)."""
 
 
 class LaunchGeometry(Protocol):
@@ -137,7 +140,9 @@ def _vec16(la: Launch, spec, ragged: bool, *codes: torch.Tensor, stride: int = 0
     interpreter cannot see alignment.)"""
     if not la.vec16 or ragged or la.block_p != spec.block or spec.block < 16:
         return {}
-    return {"VEC16": True} if vec16_aligned(spec, codes, writes=op != "dequantize", stride=stride) else {}
+    if not vec16_aligned(spec, codes, writes=op != "dequantize", stride=stride):
+        return {}
+    return {"VEC16": True, "WORDS": True} if la.words and op in ("quantize", "accumulate") else {"VEC16": True}
 
 
 def vec16_aligned(spec, codes, *, writes: bool, stride: int = 0) -> bool:
