@@ -462,6 +462,16 @@ def test_plan_cli_grads_auto(capsys):
     assert "--grads auto chooses the gradient storage of a memory-budget plan" in capsys.readouterr().err
 
 
+def _repredicted_with_head(r: dict, shape) -> int:
+    """A recorded run's predicted peak, re-made from its recorded per-layer parts with today's chunked head."""
+    from agoq_core.planner.budget import head_cost
+
+    pp = r["predicted_parts"]
+    hc = head_cost(shape, seq_len=r["seq"], loss="chunked")
+    static = pp["params"] + pp["grads"] + pp["optimizer"] + pp["fixed"]
+    return static + pp["saved_layers"] + max(pp["transient"], hc.saved_bytes + hc.transient_bytes)
+
+
 def test_head_transient_against_the_allocators_history():
     """The chunked head's backward (HEAD_NORM_BACKWARD_B bytes per hidden element) is what the allocator's history
     held for it at the peak of the H100's 128K float8 step (docs/benchmarks.md §5.14): the LAAQ-kept final norm's
@@ -486,7 +496,7 @@ def test_predicted_peaks_with_the_head_against_the_h100_and_h200_rows():
     import json
     from pathlib import Path
 
-    from agoq_core.planner.budget import head_cost, model_shape
+    from agoq_core.planner.budget import model_shape
 
     shape = model_shape("llama2-7b")
     bench = Path(__file__).resolve().parents[2] / "docs/bench"
@@ -503,9 +513,7 @@ def test_predicted_peaks_with_the_head_against_the_h100_and_h200_rows():
             pp = r.get("predicted_parts")
             if r.get("oom") or not r.get("peak_bytes") or not pp or r.get("loss_kind", "chunked") != "chunked":
                 continue
-            hc = head_cost(shape, seq_len=r["seq"], loss="chunked")
-            static = pp["params"] + pp["grads"] + pp["optimizer"] + pp["fixed"]
-            peak = static + pp["saved_layers"] + max(pp["transient"], hc.saved_bytes + hc.transient_bytes)
+            peak = _repredicted_with_head(r, shape)
             assert abs(peak / r["peak_bytes"] - 1) < 0.003, (f, r["config"], r["seq"], peak, r["peak_bytes"])
             checked += 1
     assert checked >= 8
@@ -541,7 +549,7 @@ def test_every_128k_plan_that_ran_out_of_memory_is_now_over_budget():
     import json
     from pathlib import Path
 
-    from agoq_core.planner.budget import head_cost, model_shape
+    from agoq_core.planner.budget import model_shape
 
     shape = model_shape("llama2-7b")  # the budget is the H100's whole 79.18 GiB, the default 2% headroom left
     bench = Path(__file__).resolve().parents[2] / "docs/bench"
@@ -552,9 +560,7 @@ def test_every_128k_plan_that_ran_out_of_memory_is_now_over_budget():
             pp = r.get("predicted_parts")
             if not pp or r["seq"] < 131072 or not r["config"].startswith("policy"):
                 continue
-            hc = head_cost(shape, seq_len=r["seq"], loss="chunked")
-            static = pp["params"] + pp["grads"] + pp["optimizer"] + pp["fixed"]
-            peak = static + pp["saved_layers"] + max(pp["transient"], hc.saved_bytes + hc.transient_bytes)
+            peak = _repredicted_with_head(r, shape)
             usable = r["budget_bytes"] * 0.98  # the default headroom (retries planned with more)
             assert (peak > usable) == bool(r.get("oom")), (f, r["config"], peak, usable, r.get("oom"))
             seen[bool(r.get("oom"))] += 1

@@ -481,15 +481,17 @@ def _load16_f32(ptr, t, n_blocks, ROWS: tl.constexpr, BLOCK: tl.constexpr, FLOAT
         woff = rows[None, :, None] * (BLOCK // 2) + j[:, None, None] * 8 + k[None, None, :]
         wm = ok[None, :, None] & (k[None, None, :] >= 0)
         wp = ptr.to(tl.pointer_type(tl.int32))
-        wa = tl.load(wp + woff, mask=wm, other=0)
-        wb = tl.load(wp + woff + 4, mask=wm, other=0)
-        xa = tl.reshape(tl.join((wa << 16).to(tl.float32, bitcast=True), (wa & -65536).to(tl.float32, bitcast=True)),
-                        (BLOCK // 16, ROWS, 8))
-        xb = tl.reshape(tl.join((wb << 16).to(tl.float32, bitcast=True), (wb & -65536).to(tl.float32, bitcast=True)),
-                        (BLOCK // 16, ROWS, 8))
-        return xa, xb
+        return (_words_f32(tl.load(wp + woff, mask=wm, other=0), ROWS, BLOCK),
+                _words_f32(tl.load(wp + woff + 4, mask=wm, other=0), ROWS, BLOCK))
     else:
         return _load_f32(ptr, off, m, FLOAT), _load_f32(ptr, off + 8, m, FLOAT)
+
+
+@triton.jit
+def _words_f32(w, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """[J, ROWS, 4] int32 words of two bf16 each -> their [J, ROWS, 8] fp32 values in memory order."""
+    return tl.reshape(tl.join((w << 16).to(tl.float32, bitcast=True), (w & -65536).to(tl.float32, bitcast=True)),
+                      (BLOCK // 16, ROWS, 8))
 
 
 @triton.jit
