@@ -23,10 +23,10 @@ import triton.language as tl
 
 from agoq_cuda.fused_swiglu import _round  # RNE to the activation dtype, in registers
 # the plugin's geometry decides HW, the tile, the register caps and the prefetch
-from agoq_cuda.launch import LAUNCHER, fused_maxnreg, fused_vec16, norm_prefetch, norm_programs
+from agoq_cuda.launch import LAUNCHER, fused_maxnreg, fused_vec16, norm_prefetch, norm_programs, words_unreplicated
 from agoq_triton_kernels.buffers import check_codec_buffers, float_view
 from agoq_triton_kernels.codes import bf16_bits_to_f32
-from agoq_triton_kernels.kernels import (_load_f32, _quantize16, _store_codes16, _store_f32, _tile16, quantize_tile,
+from agoq_triton_kernels.kernels import (_load16_f32, _load_f32, _quantize16, _store_codes16, _store_f32, _tile16, quantize_tile,
                                          store_codes)
 from agoq_triton_kernels.layout import next_pow2, spec_constexprs
 
@@ -106,7 +106,7 @@ def _rmsnorm_quant_kernel(x_ptr, w_ptr, y_ptr, codes_ptr, scales_ptr, M, eps, ts
                           FLOAT: tl.constexpr, SCALE: tl.constexpr = 0, ORDER: tl.constexpr = 0,
                           RSQRT: tl.constexpr = 0, LANES: tl.constexpr = 32, LOG_LANES: tl.constexpr = 5,
                           WRITE_R: tl.constexpr = 0, elut_ptr=None, NF4_LUT: tl.constexpr = False,
-                          VEC16: tl.constexpr = False, PREFETCH: tl.constexpr = False):
+                          VEC16: tl.constexpr = False, PREFETCH: tl.constexpr = False, WORDS: tl.constexpr = False):
     j = tl.arange(0, NBR)
     if VEC16:  # the codec kernels' 16-lane tile: [BLOCK // 16, NBR, 8] halves of each 16-element group
         _, _, wcol, _ = _tile16(0, NBR, NBR, BLOCK)
@@ -133,9 +133,8 @@ def _rmsnorm_quant_kernel(x_ptr, w_ptr, y_ptr, codes_ptr, scales_ptr, M, eps, ts
                 _, _, offn, mn = _tile16(t + tl.num_programs(0), M * NBR, NBR, BLOCK)
                 xra = _load_raw(x_ptr, offn, mn, FLOAT)
                 xrb = _load_raw(x_ptr, offn + 8, mn, FLOAT)
-            else:
-                xa = _load_f32(x_ptr, off, m, FLOAT)
-                xb = _load_f32(x_ptr, off + 8, m, FLOAT)
+            else:  # WORDS: bf16 as int32 words, only where every thread owns its 16 elements (launch.words_unreplicated)
+                xa, xb = _load16_f32(x_ptr, t, M * NBR, NBR, BLOCK, FLOAT, WORDS)
             ca, cb, scale = _quantize16(xa, xb, elut_ptr, NBR, KIND, BITS, QMAX, BLOCK, NF4_LUT, HW, SCALE, ts_ptr)
             _store_codes16(codes_ptr, ca, cb, rows, ok, ~(scale > 0.0), NBR, KIND, BITS, BLOCK)
             if ORDER == 1:
@@ -254,6 +253,9 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
     extra = {} if x.device.type == "cpu" else {"num_warps": warps}
     if not pf:  # the caps were timed without the prefetch; with it fp4's cap spills (codec_isa)
         extra.update(fused_maxnreg("rmsnorm_quant", spec, tile, x.device))
+    if tile and not pf and x.dtype == torch.bfloat16 and LAUNCHER.geometry.bf16_words \
+            and words_unreplicated(c["BLOCK_P"], h // spec.block, warps, x.device):
+        tile = {**tile, "WORDS": True}  # bf16 read as int32 words, as the codec tiles (launch.CudaGeometry.plan)
     elut = LAUNCHER.encode_table(spec, x.device)  # NF4: the bucket table (one gather per element), as the codec kernels
     LAUNCHER.launch(_rmsnorm_quant_kernel, max(1, nprog), (
         xv, wv, yv, codes.view(torch.int8), scales, m, float(eps), LAUNCHER.tensor_scale(spec, x), rinv), dict(
