@@ -200,3 +200,61 @@ def test_hw_variant_is_refused_where_it_cannot_run(device):
     codes, scales = poisoned_q(spec, 8, device)
     with pytest.raises(ValueError, match="compute capability >= 8.9"):
         launch.quantize(x, spec, codes, scales, hw=True)
+
+
+# ---- the FAST_DIV path's per-row arithmetic, every input (GPU only: inline PTX and libdevice) ----------------
+_GPU_ONLY = pytest.mark.skipif(not torch.cuda.is_available(), reason="rcp.approx and libdevice need a GPU")
+
+
+def _binade(e: int) -> torch.Tensor:
+    """Every fp32 of [2**e, 2**(e + 1))."""
+    return ((torch.arange(1 << 23, dtype=torch.int64) | ((e + 127) << 23)).to(torch.int32)).view(torch.float32)
+
+
+def _elementwise(fn_name: str, x: torch.Tensor, q: float = 0.0) -> torch.Tensor:
+    import triton
+    import triton.language as tl
+
+    from agoq_triton_kernels import kernels as K
+
+    @triton.jit
+    def rcp_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(out_ptr + i, K._rcp_2_4(tl.load(x_ptr + i, mask=i < n, other=2.0)), mask=i < n)
+
+    @triton.jit
+    def div_kernel(x_ptr, out_ptr, n, Q: tl.constexpr, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(out_ptr + i, K._div_const_rn(tl.load(x_ptr + i, mask=i < n, other=0.0), Q), mask=i < n)
+
+    xd = x.cuda()
+    out = torch.empty_like(xd)
+    grid = (triton.cdiv(x.numel(), 1024),)
+    if fn_name == "rcp":
+        rcp_kernel[grid](xd, out, x.numel(), BLOCK=1024)
+    else:
+        div_kernel[grid](xd, out, x.numel(), Q=q, BLOCK=1024)
+    return out.cpu()
+
+
+@_GPU_ONLY
+def test_reciprocal_2_4_every_mantissa():
+    """kernels._rcp_2_4 (rcp.approx + one Newton step in two FMAs) is RN(1/b) for every fp32 b in [2, 4), the
+    only range the quantizers call it on (b = scale * k); the reference is the CPU's IEEE division."""
+    for e in (1,):
+        b = _binade(e)
+        assert_bits_equal(_elementwise("rcp", b), (1.0 / b.double()).float(), f"1/b, b in [2**{e}, 2**{e + 1})")
+
+
+@_GPU_ONLY
+@pytest.mark.parametrize("qmax", [7.0, 15.0, 31.0, 127.0, 6.0, 448.0, 57344.0])
+def test_scale_division_every_input(qmax):
+    """kernels._div_const_rn(a, qmax) is RN(a / qmax), flushed to 0 below 2**-126, for every a of the binades where
+    the hardware's products could leave the scaled pattern (the bottom ones, where the quotient, its first guess or
+    the remainder is subnormal), the top two and two generic ones. The reference: the quotient in float64 (exact to
+    within 2**-53, and no quotient of these divisors lies that close to an fp32 midpoint), then fp32."""
+    for e in list(range(-126, -100, 5)) + [-126 + int(qmax).bit_length() - 1, 0, 1, 126, 127]:
+        a = _binade(e)
+        want = (a.double() / qmax).float()
+        want = torch.where(want < 2.0 ** -126, torch.zeros_like(want), want)
+        assert_bits_equal(_elementwise("div", a, qmax), want, f"a / {qmax}, a in [2**{e}, 2**{e + 1})")

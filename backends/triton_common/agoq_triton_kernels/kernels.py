@@ -123,11 +123,40 @@ def _scaled_values(xf, scale, QMAX: tl.constexpr):
     enable_fp_fusion=False). backends/triton_common/tests/test_fast_division.py replays the sequence in numpy.
     One multiply per element instead of the v2 quotient's six flops."""
     k = ((255 - ((scale.to(tl.int32, bitcast=True) >> 23) & 0xFF)) << 23).to(tl.float32, bitcast=True)
-    y = libdevice.rcp_rn(scale * k)
+    y = _rcp_2_4(scale * k)
     if QMAX >= 4.0:
         return libdevice.mul_rn(xf, (y * k)[:, None])  # y * k: exact, a normal fp32 (see above)
     else:
         return libdevice.mul_rn(libdevice.mul_rn(xf, k[:, None]), y[:, None])
+
+
+@triton.jit
+def _rcp_2_4(b):
+    """CUDA (FAST_DIV): RN(1/b) for b in [2, 4) (other values: garbage the caller drops): the hardware's
+    approximate reciprocal (rcp.approx.ftz, MUFU.RCP) and one Newton step in two FMAs, the fast path of ptxas's own
+    rcp.rn without its range check and slow-path branch, which b in [2, 4) never takes (~7 instructions per row and
+    thread fewer). The GPU tests check every b of [2, 4) against the reference
+    (backends/cuda/tests/test_kernels_bitexact.py::test_reciprocal_2_4_every_mantissa)."""
+    y = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [b], dtype=tl.float32, is_pure=True,
+                                  pack=1)
+    return tl.fma(y, tl.fma(-b, y, 1.0), y)
+
+
+@triton.jit
+def _div_const_rn(a, Q: tl.constexpr):
+    """CUDA (FAST_DIV): RN(a / Q) per row for a constant Q (the format's qmax, not a power of two), flushed to +0
+    below 2**-126 like div.rn.ftz, with one multiply and two FMAs: q0 = RN(a * RN(1/Q)), r = a - q0 Q (exact in
+    one FMA), RN(q0 + r RN(1/Q)) (Markstein's correction). a is 0 or a normal >= 0 (other rows give garbage the
+    caller drops). ptxas keeps div.rn by a constant as a general division (a reciprocal refinement, a range check
+    and a slow-path branch: ~10 instructions per row and thread, 0.5-0.7 per element of a 16-lane quantize).
+    Every qmax of the registry was checked against RN(a / Q) for every a of the binades where any step could
+    leave the scaled pattern (the bottom 31, where the quotient, q0 or r is subnormal, and the top 3) and two
+    generic ones, with and without flushed products: test_fast_division.py replays it. Python's 1 / Q rounded to
+    fp32 is RN(1/Q) for each of them (the same test)."""
+    RQ: tl.constexpr = 1.0 / Q
+    q0 = a * RQ
+    q1 = tl.fma(tl.fma(-q0, Q, a), RQ, q0)
+    return tl.where(q1 < 1.1754943508222875e-38, 0.0, q1)
 
 
 @triton.jit
@@ -140,7 +169,7 @@ def _scaled_values_x4(xf, scale):
     largest fp32, which changes no code (such a block holds only 0 and +-2**-126, whose codes are 7, 0 and 15
     for either multiplier). Same rcp.rn.ftz / mul.rn.ftz as _scaled_values."""
     k = ((255 - ((scale.to(tl.int32, bitcast=True) >> 23) & 0xFF)) << 23).to(tl.float32, bitcast=True)
-    m = tl.minimum((libdevice.rcp_rn(scale * k) * 4.0) * k, 3.4028234663852886e38)
+    m = tl.minimum((_rcp_2_4(scale * k) * 4.0) * k, 3.4028234663852886e38)
     return libdevice.mul_rn(xf, m[:, None])
 
 
@@ -234,7 +263,10 @@ def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.
         rowmax = tl.max(a, axis=1)
         bad = rowmax >= _EXP_MASK
         amax = tl.where(rowmax < _MIN_NORMAL_BITS, 0, rowmax).to(tl.float32, bitcast=True)
-        scale = finite_scale(libdevice.div_rn(amax, QMAX), QMAX)
+        if QMAX == 1.0:  # nf4: RN(amax / 1) is amax, finite on every finite row (ptxas keeps div.rn by 1.0 as a
+            scale = amax  # division: ~10 instructions per row and thread, 0.8 per element of sm_90 nf4 quantize)
+        else:
+            scale = finite_scale(_div_const_rn(amax, QMAX), QMAX)
         if LUT and KIND == 2:
             v = _scaled_values_x4(x, scale)
         else:
@@ -246,7 +278,10 @@ def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.
         bad = nf != nf
         amax = tl.max(ax, axis=1)
         amax = tl.where(bad | (amax < _MIN_NORMAL_F32), 0.0, amax)
-        scale = finite_scale(_exact_scale(amax, QMAX), QMAX)  # qmax x scale stays finite (§3 step 5)
+        if QMAX == 1.0:  # nf4: amax itself (flushed above), as on the FAST_DIV path
+            scale = amax
+        else:
+            scale = finite_scale(_exact_scale(amax, QMAX), QMAX)  # qmax x scale stays finite (§3 step 5)
         v = _exact_scaled_values(xf, tl.where(scale == 0.0, 1.0, scale), QMAX)
         if LUT and KIND == 2:
             v = v * 4.0  # the bucket table's domain (exact, or below 2**-124 where v is: the zero code either way)

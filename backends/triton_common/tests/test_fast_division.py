@@ -179,3 +179,51 @@ def test_nf4_x4_multiplier_codes_equal_the_contracts(e):
     got = _table_codes(fast_scaled_values_x4(x, s))
     bad = got != want
     assert not bad.any(), f"{int(bad.sum())} codes differ, e.g. x={x[bad][0]!r} scale={s[bad][0]!r}"
+
+
+# ---- the scale: RN(amax / qmax) without a division (kernels._div_const_rn, CUDA FAST_DIV) ----------------------
+def div_const_rn(a: np.ndarray, q: float) -> np.ndarray:
+    """kernels._div_const_rn, operation by operation: q0 = RN(a * RN(1/q)) (a plain multiply: FMUL, no FTZ), r = fma(-q0,
+    q, a), q1 = fma(r, RN(1/q), q0), then +0 below 2**-126."""
+    rq = f32(1.0 / q)
+    with np.errstate(under="ignore", over="ignore", invalid="ignore"):
+        q0 = (a * rq).astype(f32)
+        q1 = fma32(fma32(-q0, f32(q), a), rq, q0)
+    return np.where(q1 < f32(2.0**-126), f32(0.0), q1).astype(f32)
+
+
+def _binade(e: int, step: int = 1) -> np.ndarray:
+    m = np.arange(0, 1 << 23, step, dtype=np.int64)
+    m = np.unique(np.concatenate([m, np.arange((1 << 23) - 4096, 1 << 23)]))
+    return (m | ((e + 127) << 23)).astype(i32).view(f32)
+
+
+@pytest.mark.parametrize("qmax", [7.0, 15.0, 31.0, 127.0, 6.0, 448.0, 57344.0])
+def test_scale_division_by_the_constant_is_correctly_rounded(qmax):
+    """The replay against RN(a / qmax) (float64 quotient, then fp32: exact here, no quotient of these divisors lies
+    within 2**-53 of an fp32 midpoint) with the contract's flush below 2**-126, for every 61st mantissa and the
+    last 4,096 of the binades where a step could leave the scaled pattern: the bottom 31 (the quotient, its first
+    guess q0 or the remainder r subnormal), the top 3, and a generic one. Run with every mantissa (step 1) on
+    2026-12-07: no input differed. Also: Python's 1 / qmax rounded to fp32 (what the kernel's constexpr becomes) is
+    RN(1 / qmax), checked exactly."""
+    from fractions import Fraction
+
+    rq = f32(1.0 / qmax)
+    near = [np.nextafter(rq, f32(0)), rq, np.nextafter(rq, f32(1))]
+    assert min(near, key=lambda t: abs(Fraction(float(t)) - Fraction(1, int(qmax)))) == rq
+    for e in list(range(-126, -95)) + [0, 125, 126, 127]:
+        a = _binade(e, 61)
+        with np.errstate(under="ignore"):
+            want = (a.astype(f64) / qmax).astype(f32)
+        want = np.where(want < f32(2.0**-126), f32(0.0), want).astype(f32)
+        got = div_const_rn(a, qmax)
+        bad = got.view(i32) != want.view(i32)
+        assert not bad.any(), f"{int(bad.sum())} differ in 2**{e}, e.g. {a[bad][0]!r} / {qmax}"
+
+
+def test_scale_division_replay_can_fail():
+    """Without the correcting FMA the first guess is off by an ulp for some inputs: the check above would see it."""
+    a = _binade(0, 61)
+    with np.errstate(under="ignore"):
+        q0 = (a * f32(1.0 / 7.0)).astype(f32)
+    assert (q0.view(i32) != (a.astype(f64) / 7.0).astype(f32).view(i32)).any()
