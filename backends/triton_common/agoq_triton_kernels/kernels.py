@@ -111,7 +111,7 @@ def _group_mask(rows, row_ok, k, n, G: tl.constexpr, BLOCK: tl.constexpr, RAGGED
 # instead, v = RN((x * k) * RN(1/b)): the same real product (x * k is exact unless it is below 2**-126, and then
 # so is v, which every code maps to the zero code), without a subnormal reciprocal for flush-to-zero hardware.
 @triton.jit
-def _scaled_values(xf, scale, QMAX: tl.constexpr):
+def _scaled_values(xf, scale, QMAX: tl.constexpr, FAST_RCP: tl.constexpr = True):
     """CUDA (FAST_DIV): RN(xf * RN(1/scale)) per element, scale per row (> 0 normal; rows with scale 0 give
     garbage the caller drops).
 
@@ -123,7 +123,7 @@ def _scaled_values(xf, scale, QMAX: tl.constexpr):
     enable_fp_fusion=False). backends/triton_common/tests/test_fast_division.py replays the sequence in numpy.
     One multiply per element instead of the v2 quotient's six flops."""
     k = ((255 - ((scale.to(tl.int32, bitcast=True) >> 23) & 0xFF)) << 23).to(tl.float32, bitcast=True)
-    y = _rcp_2_4(scale * k)
+    y = _rcp_2_4(scale * k) if FAST_RCP else libdevice.rcp_rn(scale * k)
     if QMAX >= 4.0:
         return libdevice.mul_rn(xf, (y * k)[:, None])  # y * k: exact, a normal fp32 (see above)
     else:
@@ -160,7 +160,7 @@ def _div_const_rn(a, Q: tl.constexpr):
 
 
 @triton.jit
-def _scaled_values_x4(xf, scale):
+def _scaled_values_x4(xf, scale, FAST_RCP: tl.constexpr = True):
     """NF4 with a bucket table on CUDA: RN(xf * m), m = 4 RN(1/scale), the table being in that domain
     (layout.NF4_LUT_DOMAIN): 4 v exactly wherever v = RN(xf * RN(1/scale)) is normal, and below 2**-124 (the
     zero code, like v) where v is not. Unlike RN(1/scale) (subnormal for absmax > 2**126), m is a normal fp32
@@ -169,7 +169,8 @@ def _scaled_values_x4(xf, scale):
     largest fp32, which changes no code (such a block holds only 0 and +-2**-126, whose codes are 7, 0 and 15
     for either multiplier). Same rcp.rn.ftz / mul.rn.ftz as _scaled_values."""
     k = ((255 - ((scale.to(tl.int32, bitcast=True) >> 23) & 0xFF)) << 23).to(tl.float32, bitcast=True)
-    m = tl.minimum((_rcp_2_4(scale * k) * 4.0) * k, 3.4028234663852886e38)
+    y = _rcp_2_4(scale * k) if FAST_RCP else libdevice.rcp_rn(scale * k)
+    m = tl.minimum((y * 4.0) * k, 3.4028234663852886e38)
     return libdevice.mul_rn(xf, m[:, None])
 
 
@@ -227,7 +228,7 @@ def _exact_scaled_values(xf, scale, QMAX: tl.constexpr):
 @triton.jit
 def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr, HW: tl.constexpr,
                   LUT: tl.constexpr, FAST_DIV: tl.constexpr, SCALE: tl.constexpr = 0, ts_ptr=None,
-                  RAW: tl.constexpr = False, VALUES: tl.constexpr = False):
+                  RAW: tl.constexpr = False, VALUES: tl.constexpr = False, FAST_RCP: tl.constexpr = True):
     """x: fp32 [ROWS, BLOCK_P] (masked lanes hold 0) -> (codes int32 [ROWS, BLOCK_P], scales fp32 [ROWS]).
 
     The one block quantizer of the Triton backends: the codec kernels (FAST_DIV = HW) and agoq-cuda's
@@ -268,9 +269,9 @@ def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.
         else:
             scale = finite_scale(_div_const_rn(amax, QMAX), QMAX)
         if LUT and KIND == 2:
-            v = _scaled_values_x4(x, scale)
+            v = _scaled_values_x4(x, scale, FAST_RCP)
         else:
-            v = _scaled_values(x, scale, QMAX)
+            v = _scaled_values(x, scale, QMAX, FAST_RCP)
     else:
         ax = tl.abs(x)
         xf = tl.where(ax < _MIN_NORMAL_F32, 0.0, x)
@@ -684,19 +685,21 @@ def _dequantize16(codes_ptr, scales_ptr, lut_ptr, rows, ok, off, ROWS: tl.conste
 
 @triton.jit
 def _quantize16(xa, xb, elut_ptr, ROWS: tl.constexpr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr,
-                BLOCK: tl.constexpr, LUT: tl.constexpr, HW: tl.constexpr, SCALE: tl.constexpr, ts_ptr):
+                BLOCK: tl.constexpr, LUT: tl.constexpr, HW: tl.constexpr, SCALE: tl.constexpr, ts_ptr,
+                FAST_RCP: tl.constexpr = True):
     """The RAW quantize_tile of the 16-lane tile's two halves -> (codes of each half, scales). With a bucket
     table (LUT: NF4 on CUDA) the scaled values go back to the halves' layout before they are encoded, so the
     per-element table gathers run in the layout the loads used (sm_90: no shared-memory round trip)."""
     x = _rows_of16(xa, xb, ROWS, BLOCK)
     if LUT and SCALE == 0:
-        v, scale = quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, LUT, HW, SCALE, ts_ptr, True, True)
+        v, scale = quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, LUT, HW, SCALE, ts_ptr, True, True, FAST_RCP)
         va, vb = _halves_of16(v, ROWS, BLOCK)
         ca = _encode_tile(va, elut_ptr, KIND, BITS, QMAX, HW, LUT, False)
         cb = _encode_tile(vb, elut_ptr, KIND, BITS, QMAX, HW, LUT, False)
         return ca, cb, scale
     else:
-        codes, scale = quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, LUT, HW, SCALE, ts_ptr, True)
+        codes, scale = quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, LUT, HW, SCALE, ts_ptr, True,
+                                     FAST_RCP=FAST_RCP)
         ca, cb = _halves_of16(codes, ROWS, BLOCK)
         return ca, cb, scale
 
