@@ -242,9 +242,10 @@ def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.
     of their lanes: their codes are replaced wholesale at the end.
 
     FAST_DIV=True (GPUs): absmax on the magnitude bits (integer order = value order for non-negative
-    floats; NaN/Inf sort above every finite value, which is exactly the non-finite flag), the scale by
-    libdevice.div_rn (div.rn.ftz: a quotient below 2**-126 is +0, as the contract wants, with no select),
-    and the rcp.rn / mul.rn of _scaled_values (whose multiply also flushes subnormal x).
+    floats; NaN/Inf sort above every finite value, which is exactly the non-finite flag), the scale as
+    _div_const_rn's multiply and two FMAs (no division instruction; nf4's qmax 1: the absmax itself), and the
+    reciprocal / mul.rn of _scaled_values (whose multiply also flushes subnormal x; FAST_RCP: _rcp_2_4's
+    rcp.approx + Newton step instead of libdevice's rcp.rn, same bits, fewer instructions).
     FAST_DIV=False (the interpreter, Ascend): no integer compare per element (Ascend's vector unit runs
     int32 compares as scalar code) and no division instruction: absmax is an fp32 max of |x|, the
     non-finite flag a NaN test on the row sum of x - x (0 for finite x, NaN for NaN and +-Inf; a sum,
