@@ -26,8 +26,8 @@ from agoq_cuda.fused_swiglu import _round  # RNE to the activation dtype, in reg
 from agoq_cuda.launch import LAUNCHER, fused_maxnreg, fused_vec16, norm_prefetch, norm_programs, words_unreplicated
 from agoq_triton_kernels.buffers import check_codec_buffers, float_view
 from agoq_triton_kernels.codes import bf16_bits_to_f32
-from agoq_triton_kernels.kernels import (_load16_f32, _load_f32, _quantize16, _store_codes16, _store_f32, _tile16, quantize_tile,
-                                         store_codes)
+from agoq_triton_kernels.kernels import (_load16_f32, _load_f32, _quantize16, _store_codes16, _store_f32, _tile16,
+                                         quantize_tile, store_codes)
 from agoq_triton_kernels.layout import next_pow2, spec_constexprs
 
 __all__ = ["rmsnorm_quant_unsupported", "rmsnorm_quant_into", "rmsnorm_quant_variants", "VARIANTS"]
@@ -133,7 +133,7 @@ def _rmsnorm_quant_kernel(x_ptr, w_ptr, y_ptr, codes_ptr, scales_ptr, M, eps, ts
                 _, _, offn, mn = _tile16(t + tl.num_programs(0), M * NBR, NBR, BLOCK)
                 xra = _load_raw(x_ptr, offn, mn, FLOAT)
                 xrb = _load_raw(x_ptr, offn + 8, mn, FLOAT)
-            else:  # WORDS: bf16 as int32 words, only where every thread owns its 16 elements (launch.words_unreplicated)
+            else:  # WORDS: bf16 as int32 words, where every thread owns its 16 elements (launch.words_unreplicated)
                 xa, xb = _load16_f32(x_ptr, t, M * NBR, NBR, BLOCK, FLOAT, WORDS)
             # FAST_RCP=False: libdevice's rcp.rn here; the inline one raised the prefetching int4 norm from 64 to 77
             # registers and nf4's loop from 26.25 to 26.88 instructions per element (sm_90, codec_isa)

@@ -183,8 +183,8 @@ def test_nf4_x4_multiplier_codes_equal_the_contracts(e):
 
 # ---- the scale: RN(amax / qmax) without a division (kernels._div_const_rn, CUDA FAST_DIV) ----------------------
 def div_const_rn(a: np.ndarray, q: float) -> np.ndarray:
-    """kernels._div_const_rn, operation by operation: q0 = RN(a * RN(1/q)) (a plain multiply: FMUL, no FTZ), r = fma(-q0,
-    q, a), q1 = fma(r, RN(1/q), q0), then +0 below 2**-126."""
+    """kernels._div_const_rn, operation by operation: q0 = RN(a * RN(1/q)) (a plain multiply: FMUL, no FTZ),
+    r = fma(-q0, q, a), q1 = fma(r, RN(1/q), q0), then +0 below 2**-126."""
     rq = f32(1.0 / q)
     with np.errstate(under="ignore", over="ignore", invalid="ignore"):
         q0 = (a * rq).astype(f32)
