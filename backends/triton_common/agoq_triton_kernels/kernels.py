@@ -267,8 +267,11 @@ def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.
         amax = tl.where(rowmax < _MIN_NORMAL_BITS, 0, rowmax).to(tl.float32, bitcast=True)
         if QMAX == 1.0:  # nf4: RN(amax / 1) is amax, finite on every finite row (ptxas keeps div.rn by 1.0 as a
             scale = amax  # division: ~10 instructions per row and thread, 0.8 per element of sm_90 nf4 quantize)
-        else:
+        elif (QMAX == 6.0 or QMAX == 7.0 or QMAX == 15.0 or QMAX == 31.0 or QMAX == 127.0 or QMAX == 448.0
+              or QMAX == 57344.0):  # the registry's qmax, each checked (test_fast_division.py)
             scale = finite_scale(_div_const_rn(amax, QMAX), QMAX)
+        else:  # a FormatSpec built by hand with another qmax: the division nobody has to re-check
+            scale = finite_scale(libdevice.div_rn(amax, QMAX), QMAX)
         if LUT and KIND == 2:
             v = _scaled_values_x4(x, scale, FAST_RCP)
         else:

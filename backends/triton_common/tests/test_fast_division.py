@@ -198,7 +198,24 @@ def _binade(e: int, step: int = 1) -> np.ndarray:
     return (m | ((e + 127) << 23)).astype(i32).view(f32)
 
 
-@pytest.mark.parametrize("qmax", [7.0, 15.0, 31.0, 127.0, 6.0, 448.0, 57344.0])
+def test_every_registered_qmax_is_one_the_kernel_checked():
+    """kernels.quantize_tile takes _div_const_rn only for the qmax listed there (the ones replayed below); a format
+    added to the registry with another qmax would fall back to div.rn silently, so it must be added to both."""
+    import inspect
+
+    from agoq_core.formats.spec import list_formats
+    from agoq_triton_kernels import kernels
+
+    src = inspect.getsource(kernels)
+    for spec in list_formats():
+        if spec.qmax != 1.0:
+            assert f"QMAX == {float(spec.qmax)!r}" in src and spec.qmax in _CHECKED_QMAX, spec.name
+
+
+_CHECKED_QMAX = [7.0, 15.0, 31.0, 127.0, 6.0, 448.0, 57344.0]
+
+
+@pytest.mark.parametrize("qmax", _CHECKED_QMAX)
 def test_scale_division_by_the_constant_is_correctly_rounded(qmax):
     """The replay against RN(a / qmax) (float64 quotient, then fp32: exact here, no quotient of these divisors lies
     within 2**-53 of an fp32 midpoint) with the contract's flush below 2**-126, for every 61st mantissa and the
