@@ -138,7 +138,7 @@ def compile_fused(op: str, fmt: str, vec16: bool, arch: int = 90, hidden: int = 
 
     from agoq_core.formats.spec import get_format
     from agoq_cuda import fused_norm, fused_swiglu
-    from agoq_cuda.launch import MAXNREG, NORM_PREFETCH, CudaGeometry, words_unreplicated
+    from agoq_cuda.launch import MAXNREG, NORM_PREFETCH, CudaGeometry
     from agoq_triton_kernels.layout import FLOAT_BF16, format_constexprs
 
     spec = get_format(fmt)
@@ -152,8 +152,8 @@ def compile_fused(op: str, fmt: str, vec16: bool, arch: int = 90, hidden: int = 
         order, rsq = fused_norm.VARIANTS["tree"]
         pf = fmt in NORM_PREFETCH[bool(c["VEC16"])] if prefetch is None else bool(prefetch)
         c.update(H=hidden, NBR=hidden // spec.block, ORDER=order, RSQRT=rsq, LANES=32, LOG_LANES=5, WRITE_R=0,
-                 r_ptr=None, PREFETCH=pf, WORDS=bool(c["VEC16"]) and not pf and CudaGeometry().bf16_words
-                 and words_unreplicated(c["BLOCK_P"], hidden // spec.block, warps, torch.device("cuda")))
+                 r_ptr=None, PREFETCH=pf, WORDS=bool(c["VEC16"]) and not pf and CudaGeometry().reads_words(
+                     torch.bfloat16, c["BLOCK_P"], hidden // spec.block, warps, torch.device("cuda")))
         sig = {"x_ptr": p16, "w_ptr": p16, "y_ptr": p16, "codes_ptr": i8, "scales_ptr": p32, "M": "i32",
                "eps": "fp32", "ts_ptr": p32 if spec.tensor_scaled else "constexpr",
                "elut_ptr": "*i64" if lut else "constexpr"}

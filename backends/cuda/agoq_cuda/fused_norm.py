@@ -23,7 +23,7 @@ import triton.language as tl
 
 from agoq_cuda.fused_swiglu import _round  # RNE to the activation dtype, in registers
 # the plugin's geometry decides HW, the tile, the register caps and the prefetch
-from agoq_cuda.launch import LAUNCHER, fused_maxnreg, fused_vec16, norm_prefetch, norm_programs, words_unreplicated
+from agoq_cuda.launch import LAUNCHER, fused_maxnreg, fused_vec16, norm_prefetch, norm_programs
 from agoq_triton_kernels.buffers import check_codec_buffers, float_view
 from agoq_triton_kernels.codes import bf16_bits_to_f32
 from agoq_triton_kernels.kernels import (_load16_f32, _load_f32, _quantize16, _store_codes16, _store_f32, _tile16,
@@ -138,7 +138,7 @@ def _rmsnorm_quant_kernel(x_ptr, w_ptr, y_ptr, codes_ptr, scales_ptr, M, eps, ts
             # FAST_RCP=False: libdevice's rcp.rn here; the inline one raised the prefetching int4 norm from 64 to 77
             # registers and nf4's loop from 26.25 to 26.88 instructions per element (sm_90, codec_isa)
             ca, cb, scale = _quantize16(xa, xb, elut_ptr, NBR, KIND, BITS, QMAX, BLOCK, NF4_LUT, HW, SCALE, ts_ptr,
-                                        False)
+                                        FAST_RCP=False)
             _store_codes16(codes_ptr, ca, cb, rows, ok, ~(scale > 0.0), NBR, KIND, BITS, BLOCK)
             if ORDER == 1:
                 ss = _row_sum_squares(x_ptr, xa, t * H, H, FLOAT, ORDER, LANES, LOG_LANES)
@@ -256,9 +256,8 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
     extra = {} if x.device.type == "cpu" else {"num_warps": warps}
     if not pf:  # the caps were timed without the prefetch; with it fp4's cap spills (codec_isa)
         extra.update(fused_maxnreg("rmsnorm_quant", spec, tile, x.device))
-    if tile and not pf and x.dtype == torch.bfloat16 and LAUNCHER.geometry.bf16_words \
-            and words_unreplicated(c["BLOCK_P"], h // spec.block, warps, x.device):
-        tile = {**tile, "WORDS": True}  # bf16 read as int32 words, as the codec tiles (launch.CudaGeometry.plan)
+    if tile and not pf and LAUNCHER.geometry.reads_words(x.dtype, c["BLOCK_P"], h // spec.block, warps, x.device):
+        tile = {**tile, "WORDS": True}  # bf16 read as int32 words, as the codec tiles
     elut = LAUNCHER.encode_table(spec, x.device)  # NF4: the bucket table (one gather per element), as the codec kernels
     LAUNCHER.launch(_rmsnorm_quant_kernel, max(1, nprog), (
         xv, wv, yv, codes.view(torch.int8), scales, m, float(eps), LAUNCHER.tensor_scale(spec, x), rinv), dict(

@@ -175,6 +175,12 @@ class CudaGeometry:
         # 0.5-0.8 fewer instructions per element. AGOQ_CUDA_BF16_WORDS=0 reads them through the int16 view.
         self.bf16_words = _flag("AGOQ_CUDA_BF16_WORDS", True)
 
+    def reads_words(self, io_dtype: torch.dtype, block_p: int, rows: int, warps: int, device: torch.device) -> bool:
+        """Whether a 16-lane tile of ``rows`` blocks reads its ``io_dtype`` input as int32 words (``WORDS``): bf16,
+        AGOQ_CUDA_BF16_WORDS on, and every thread owning its own 16 elements (:func:`words_unreplicated`). The
+        codec tiles (plan), the fused SiLU&Mul forward (through plan) and the fused norm ask here."""
+        return self.bf16_words and io_dtype == torch.bfloat16 and words_unreplicated(block_p, rows, warps, device)
+
     def vec16_for(self, op: str, spec) -> bool:
         """Whether ``op`` on ``spec`` asks for the 16-lane tile (the launcher still checks the kernel's
         conditions: whole power-of-two blocks >= 16, aligned code buffers)."""
@@ -213,8 +219,8 @@ class CudaGeometry:
         vec16 = block_p == spec.block >= 16 and self.vec16_for(op, spec)
         lanes = _GPU_TILE_LANES_5BIT_QUANTIZE if op == "quantize" and spec.bits == 5 and not vec16 else _GPU_TILE_LANES
         geo = geometry(block_p, nb, device, rows=rows, programs=programs, lanes=lanes)
-        words = (vec16 and self.bf16_words and io_dtype == torch.bfloat16 and op in ("quantize", "accumulate")
-                 and words_unreplicated(block_p, geo.rows, geo.num_warps, device))
+        words = vec16 and op in ("quantize", "accumulate") and self.reads_words(io_dtype, block_p, geo.rows,
+                                                                                geo.num_warps, device)
         return Launch(grid=geo.programs, rows=geo.rows, block_p=block_p, n_tiles=-(-nb // geo.rows),
                       options={"num_warps": geo.num_warps}, plan=geo, vec16=vec16, words=words)
 
