@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import os
 import re
@@ -61,7 +62,10 @@ def compile_codec(op: str, fmt: str, arch: int = 90, nf4_lut: bool = True, hw: b
     spec = get_format(fmt)
     c = format_constexprs(kind=spec.kind, bits=spec.bits, block=spec.block, qmax=spec.qmax,
                           scale_kind=spec.scale_kind)
-    la = CudaGeometry().plan(op, spec, 1 << 30, torch.bfloat16, torch.device("cuda"), rows=None, programs=132)
+    geo = CudaGeometry()
+    packed_max, geo.packed_max = geo.packed_max, False  # the plan would ask the (absent) GPU; decided by arch below
+    la = geo.plan(op, spec, 1 << 30, torch.bfloat16, torch.device("cuda"), rows=None, programs=132)
+    la = dataclasses.replace(la, max16=la.words and op == "quantize" and packed_max and arch >= 90)
     lut = spec.kind == "nf4" and nf4_lut
     c.update(ROWS=la.rows, BLOCK_P=la.block_p, RAGGED=False, HW=hw, NF4_LUT=lut)
     fn = {"quantize": K.quantize_kernel, "dequantize": K.dequantize_kernel, "accumulate": K.accumulate_kernel,

@@ -174,6 +174,9 @@ class CudaGeometry:
         # bf16 inputs of the 16-lane quantize / accumulate read as int32 words (kernels._load16_f32): sm_90 SASS
         # 0.5-0.8 fewer instructions per element. AGOQ_CUDA_BF16_WORDS=0 reads them through the int16 view.
         self.bf16_words = _flag("AGOQ_CUDA_BF16_WORDS", True)
+        # with the words, quantize's block absmax two magnitudes per integer max (kernels.MAX16, sm_90 max.u16x2):
+        # sm_90 SASS 0.7 fewer instructions per element. AGOQ_CUDA_PACKED_MAX=0: one max per element (A/B timing).
+        self.packed_max = _flag("AGOQ_CUDA_PACKED_MAX", True)
 
     def reads_words(self, io_dtype: torch.dtype, block_p: int, rows: int, warps: int, device: torch.device) -> bool:
         """Whether a 16-lane tile of ``rows`` blocks reads its ``io_dtype`` input as int32 words (``WORDS``): bf16,
@@ -222,7 +225,16 @@ class CudaGeometry:
         words = vec16 and op in ("quantize", "accumulate") and self.reads_words(io_dtype, block_p, geo.rows,
                                                                                 geo.num_warps, device)
         return Launch(grid=geo.programs, rows=geo.rows, block_p=block_p, n_tiles=-(-nb // geo.rows),
-                      options={"num_warps": geo.num_warps}, plan=geo, vec16=vec16, words=words)
+                      options={"num_warps": geo.num_warps}, plan=geo, vec16=vec16, words=words,
+                      max16=words and op == "quantize" and self.packed_max and has_max_u16x2(device))
+
+
+def has_max_u16x2(device: torch.device) -> bool:
+    """Whether quantize's MAX16 absmax can run on ``device``: the interpreter (plain integer ops there) or CUDA
+    sm_90+ (PTX max.u16x2; sm_80/sm_89 have no halfword-wise max and keep the per-element one)."""
+    if device.type == "cpu":
+        return True
+    return device.type == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
 def words_unreplicated(block_p: int, rows: int, warps: int, device: torch.device) -> bool:

@@ -113,6 +113,50 @@ def test_bf16_input(fmt, vec16_seen, device, monkeypatch):
     # every thread its own 16 elements
 
 
+def _peak_blocks(block: int, seed: int) -> torch.Tensor:
+    """bf16 blocks whose largest magnitude sits at every position once (block i: position i % block), with either
+    sign, a negative of almost the same magnitude beside it (an absmax that let a sign bit through would pick it)
+    and Gaussian values below."""
+    g = torch.Generator().manual_seed(seed)
+    n_blocks = 2 * block
+    x = torch.randn(n_blocks, block, generator=g).clamp(-1.0, 1.0)
+    i = torch.arange(n_blocks)
+    peak = torch.where(i % 2 == 0, 2.0, -2.0) * 2.0 ** (i % 7 - 3).float()
+    x[i, i % block] = peak
+    x[i, (i + 1) % block] = -peak.abs() * 0.99
+    return x.flatten().to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int5", "int6", "int8", "nf4", "fp4_e2m1", "fp8_e4m3"])
+def test_packed_absmax_changes_no_bit(fmt, vec16_seen, device, monkeypatch):
+    """quantize's block absmax from the bf16 words two magnitudes per integer max (kernels.MAX16: sm_90's
+    max.u16x2 on a GPU, plain integer ops in the interpreter) gives the reference's codes and scales, as the
+    per-element maximum does: the peak of each block at every position of its words (even and odd halves, every
+    thread of a block), next to a negative of almost its magnitude, plus the special blocks (NaN and Inf in either
+    half, subnormals, zeros)."""
+    seen = []
+    run = launch.LAUNCHER._run
+
+    def spy(kernel, la, args, consts, replan=None):
+        seen.append(bool(consts(la).get("MAX16")))
+        return run(kernel, la, args, consts, replan)
+
+    monkeypatch.setattr(launch.LAUNCHER, "_run", spy)
+    spec = get_format(fmt)
+    special = special_blocks(spec, spec.block, seed=11)
+    x = torch.cat([_peak_blocks(spec.block, seed=3), special[: special.numel() // spec.block * spec.block].bfloat16()])
+    want_c, want_s = ref.quantize_blocks(x, spec)
+    for packed in (True, False):
+        monkeypatch.setattr(launch.LAUNCHER.geometry, "packed_max", packed)
+        monkeypatch.setattr(launch.LAUNCHER, "_plans", {})
+        codes = torch.zeros(spec.code_bytes(x.numel()), dtype=torch.uint8, device=device)
+        scales = torch.empty(spec.num_blocks(x.numel()), device=device)
+        launch.quantize(x.to(device), spec, codes, scales)
+        assert_bits_equal(codes.cpu(), want_c, f"codes (packed absmax {packed})")
+        assert_bits_equal(scales.cpu(), want_s, f"scales (packed absmax {packed})")
+    assert seen == [launch.has_max_u16x2(torch.device(device)), False]
+
+
 def test_words_only_where_every_thread_owns_its_elements(monkeypatch):
     """CudaGeometry.plan reads bf16 as words (Launch.words) for the 16-lane quantize and accumulate only, only for
     bf16, and on a GPU only where the tile has a 16-element group per thread (the default tiles: 2,048 elements for
@@ -133,6 +177,28 @@ def test_words_only_where_every_thread_owns_its_elements(monkeypatch):
     assert not launch.words_unreplicated(128, 2, 8, gpu)  # the fused norm's 256-column row: 16 groups, 256 threads
     monkeypatch.setenv("AGOQ_CUDA_BF16_WORDS", "0")
     assert not words()
+
+
+def test_packed_absmax_only_for_quantize_words(monkeypatch):
+    """Launch.max16 (quantize's absmax on the words' halves, kernels.MAX16) rides on the words, for quantize only,
+    wherever the device has a halfword-wise max: the interpreter, and on a GPU sm_90+ (max.u16x2; none on sm_80 /
+    sm_89). AGOQ_CUDA_PACKED_MAX=0 turns it off."""
+    spec = get_format("int4")
+    cpu = torch.device("cpu")
+
+    def plan(op="quantize", dtype=torch.bfloat16, rows=None):
+        return launch.CudaGeometry(vec16="1").plan(op, spec, 1 << 20, dtype, cpu, rows=rows, programs=None)
+
+    assert plan().max16 and plan().words
+    assert not plan("accumulate").max16 and plan("accumulate").words
+    assert not plan(dtype=torch.float32).max16
+    assert launch.has_max_u16x2(cpu)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for cap, has in (((8, 0), False), ((8, 9), False), ((9, 0), True), ((10, 0), True)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, cap=cap: cap)
+        assert launch.has_max_u16x2(torch.device("cuda")) is has
+    monkeypatch.setenv("AGOQ_CUDA_PACKED_MAX", "0")
+    assert not plan().max16 and plan().words
 
 
 @pytest.mark.parametrize("odd_stride", [False, True], ids=["stride16", "odd-stride"])

@@ -228,7 +228,8 @@ def _exact_scaled_values(xf, scale, QMAX: tl.constexpr):
 @triton.jit
 def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr, HW: tl.constexpr,
                   LUT: tl.constexpr, FAST_DIV: tl.constexpr, SCALE: tl.constexpr = 0, ts_ptr=None,
-                  RAW: tl.constexpr = False, VALUES: tl.constexpr = False, FAST_RCP: tl.constexpr = True):
+                  RAW: tl.constexpr = False, VALUES: tl.constexpr = False, FAST_RCP: tl.constexpr = True,
+                  rowmax=None):
     """x: fp32 [ROWS, BLOCK_P] (masked lanes hold 0) -> (codes int32 [ROWS, BLOCK_P], scales fp32 [ROWS]).
 
     The one block quantizer of the Triton backends: the codec kernels (FAST_DIV = HW) and agoq-cuda's
@@ -256,13 +257,15 @@ def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.
     fixes both on packed words, a row being all-zero codes iff not (scale > 0) (kernels._store_codes16).
     VALUES (with RAW): return the scaled values v instead of their codes, for a caller that encodes them in
     another layout (_encode16: a table gather in the 16-lane tile's own layout needs no shared-memory shuffle).
+    rowmax: int32 [ROWS], the row maxima of x's magnitude bits where the caller already has them (_words_rowmax:
+    bf16 words, two magnitudes per integer max; agoq-cuda only, so the portable path takes it in the interpreter);
+    None: computed here.
     """
     if SCALE != 0:
         return mx_quantize_tile(x, ts_ptr, KIND, BITS, QMAX, HW, SCALE, RAW)
     if FAST_DIV:
-        bits = x.to(tl.int32, bitcast=True)
-        a = bits & _ABS_MASK
-        rowmax = tl.max(a, axis=1)
+        if rowmax is None:
+            rowmax = tl.max(x.to(tl.int32, bitcast=True) & _ABS_MASK, axis=1)
         bad = rowmax >= _EXP_MASK
         amax = tl.where(rowmax < _MIN_NORMAL_BITS, 0, rowmax).to(tl.float32, bitcast=True)
         if QMAX == 1.0:  # nf4: RN(amax / 1) is amax, finite on every finite row (ptxas keeps div.rn by 1.0 as a
@@ -279,10 +282,14 @@ def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.
     else:
         ax = tl.abs(x)
         xf = tl.where(ax < _MIN_NORMAL_F32, 0.0, x)
-        nf = tl.sum(x - x, axis=1)
-        bad = nf != nf
-        amax = tl.max(ax, axis=1)
-        amax = tl.where(bad | (amax < _MIN_NORMAL_F32), 0.0, amax)
+        if rowmax is None:
+            nf = tl.sum(x - x, axis=1)
+            bad = nf != nf
+            amax = tl.max(ax, axis=1)
+            amax = tl.where(bad | (amax < _MIN_NORMAL_F32), 0.0, amax)
+        else:  # the caller's integer maxima (the interpreter's MAX16), read as on the FAST_DIV path
+            bad = rowmax >= _EXP_MASK
+            amax = tl.where(bad | (rowmax < _MIN_NORMAL_BITS), 0, rowmax).to(tl.float32, bitcast=True)
         if QMAX == 1.0:  # nf4: amax itself (flushed above), as on the FAST_DIV path
             scale = amax
         else:
@@ -514,17 +521,54 @@ def _load16_f32(ptr, t, n_blocks, ROWS: tl.constexpr, BLOCK: tl.constexpr, FLOAT
     same thread's registers. Only where every thread owns its own 16 elements (CudaGeometry.plan's ``words``): a
     tile smaller than its program's threads gave wrong codes on an H100 with this form (docs/bench/codecs.md,
     twentieth session)."""
-    rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
     if WORDS and FLOAT == 1:
-        j = tl.arange(0, BLOCK // 16)
-        k = tl.arange(0, 4)
-        woff = rows[None, :, None] * (BLOCK // 2) + j[:, None, None] * 8 + k[None, None, :]
-        wm = ok[None, :, None] & (k[None, None, :] >= 0)
-        wp = ptr.to(tl.pointer_type(tl.int32))
-        return (_words_f32(tl.load(wp + woff, mask=wm, other=0), ROWS, BLOCK),
-                _words_f32(tl.load(wp + woff + 4, mask=wm, other=0), ROWS, BLOCK))
+        wa, wb = _load16_words(ptr, t, n_blocks, ROWS, BLOCK)
+        return _words_f32(wa, ROWS, BLOCK), _words_f32(wb, ROWS, BLOCK)
     else:
+        rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
         return _load_f32(ptr, off, m, FLOAT), _load_f32(ptr, off + 8, m, FLOAT)
+
+
+@triton.jit
+def _load16_words(ptr, t, n_blocks, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """Tile t's two halves of a bf16 input as [J, ROWS, 4] int32 words (_load16_f32's WORDS form; masked rows 0)."""
+    rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
+    j = tl.arange(0, BLOCK // 16)
+    k = tl.arange(0, 4)
+    woff = rows[None, :, None] * (BLOCK // 2) + j[:, None, None] * 8 + k[None, None, :]
+    wm = ok[None, :, None] & (k[None, None, :] >= 0)
+    wp = ptr.to(tl.pointer_type(tl.int32))
+    return tl.load(wp + woff, mask=wm, other=0), tl.load(wp + woff + 4, mask=wm, other=0)
+
+
+@triton.jit
+def _max_u16x2(a, b):
+    """Halfword-wise unsigned maximum of two int32 words (sm_90's max.u16x2: VIMNMX.U16x2, and three-input
+    VIMNMX3.U16x2 where ptxas pairs them)."""
+    return tl.inline_asm_elementwise("max.u16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True,
+                                     pack=1)
+
+
+@triton.jit
+def _max_u15x2(a, b):
+    """_max_u16x2 in plain integer ops, for words whose halves are below 2**15 (the interpreter, HW=False)."""
+    return tl.maximum(a & -65536, b & -65536) | tl.maximum(a & 0xFFFF, b & 0xFFFF)
+
+
+@triton.jit
+def _words_rowmax(wa, wb, ROWS: tl.constexpr, BLOCK: tl.constexpr, HW: tl.constexpr):
+    """The row maxima [ROWS] of |x|'s fp32 bits (quantize_tile's rowmax) from the tile's bf16 words: the
+    magnitude bits of both halves of a word at once (one AND), a halfword-wise max over the row (one integer max
+    per two elements instead of an AND per element and a max per element), then the larger half << 16, which is
+    max(bits(|x|)) of the widened values exactly: widening to fp32 appends 16 zero bits. HW: sm_90's max.u16x2;
+    else the same maxima in plain integer ops."""
+    ma = wa & 0x7FFF7FFF
+    mb = wb & 0x7FFF7FFF
+    if HW:
+        m = tl.reduce(tl.reshape(tl.permute(_max_u16x2(ma, mb), (1, 0, 2)), (ROWS, BLOCK // 4)), 1, _max_u16x2)
+    else:
+        m = tl.reduce(tl.reshape(tl.permute(_max_u15x2(ma, mb), (1, 0, 2)), (ROWS, BLOCK // 4)), 1, _max_u15x2)
+    return tl.maximum(m & -65536, m << 16)
 
 
 @triton.jit
@@ -690,20 +734,22 @@ def _dequantize16(codes_ptr, scales_ptr, lut_ptr, rows, ok, off, ROWS: tl.conste
 @triton.jit
 def _quantize16(xa, xb, elut_ptr, ROWS: tl.constexpr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr,
                 BLOCK: tl.constexpr, LUT: tl.constexpr, HW: tl.constexpr, SCALE: tl.constexpr, ts_ptr,
-                FAST_RCP: tl.constexpr = True):
+                FAST_RCP: tl.constexpr = True, rowmax=None):
     """The RAW quantize_tile of the 16-lane tile's two halves -> (codes of each half, scales). With a bucket
     table (LUT: NF4 on CUDA) the scaled values go back to the halves' layout before they are encoded, so the
-    per-element table gathers run in the layout the loads used (sm_90: no shared-memory round trip)."""
+    per-element table gathers run in the layout the loads used (sm_90: no shared-memory round trip). rowmax:
+    quantize_tile's."""
     x = _rows_of16(xa, xb, ROWS, BLOCK)
     if LUT and SCALE == 0:
-        v, scale = quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, LUT, HW, SCALE, ts_ptr, True, True, FAST_RCP)
+        v, scale = quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, LUT, HW, SCALE, ts_ptr, True, True, FAST_RCP,
+                                 rowmax)
         va, vb = _halves_of16(v, ROWS, BLOCK)
         ca = _encode_tile(va, elut_ptr, KIND, BITS, QMAX, HW, LUT, False)
         cb = _encode_tile(vb, elut_ptr, KIND, BITS, QMAX, HW, LUT, False)
         return ca, cb, scale
     else:
         codes, scale = quantize_tile(x, elut_ptr, KIND, BITS, QMAX, HW, LUT, HW, SCALE, ts_ptr, True,
-                                     FAST_RCP=FAST_RCP)
+                                     FAST_RCP=FAST_RCP, rowmax=rowmax)
         ca, cb = _halves_of16(codes, ROWS, BLOCK)
         return ca, cb, scale
 
@@ -752,18 +798,29 @@ def quantize_kernel(x_ptr, codes_ptr, scales_ptr, n, n_blocks, n_tiles,
                     QMAX: tl.constexpr, ROWS: tl.constexpr, RAGGED: tl.constexpr, X_FLOAT: tl.constexpr,
                     HW: tl.constexpr, elut_ptr=None, NF4_LUT: tl.constexpr = False, SCALE: tl.constexpr = 0,
                     ts_ptr=None, VEC16: tl.constexpr = False, CONTIG: tl.constexpr = False,
-                    WORDS: tl.constexpr = False):
+                    WORDS: tl.constexpr = False, MAX16: tl.constexpr = False):
     """x (n elements; fp32/fp16, or bf16 as int16) -> codes (int8 view of the uint8 buffer), scales fp32.
 
     VEC16 (agoq-cuda, whole power-of-two blocks >= 16): the 16-lane tile above; else the generic tile. WORDS: bf16
-    read as int32 words on it (_load16_f32)."""
+    read as int32 words on it (_load16_f32). MAX16 (with WORDS, the absmax formats): the block absmax from the
+    words two magnitudes at a time (_words_rowmax; with HW, sm_90's max.u16x2)."""
     t = tl.program_id(0)
     while t < n_tiles:
         if VEC16:
             rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
-            xa, xb = _load16_f32(x_ptr, t, n_blocks, ROWS, BLOCK, X_FLOAT, WORDS)
-            ca, cb, scale = _quantize16(xa, xb, elut_ptr, ROWS, KIND, BITS, QMAX, BLOCK,
-                                        NF4_LUT and elut_ptr is not None, HW, SCALE, ts_ptr)
+            if MAX16 and WORDS and X_FLOAT == 1 and SCALE == 0:
+                wa, wb = _load16_words(x_ptr, t, n_blocks, ROWS, BLOCK)
+                # the values before the maxima, as separate statements: passed inline as arguments, Triton 3.6 moved
+                # them through shared memory (sm_90 SASS: int4 8.56 -> 13.75 instructions per element)
+                xa = _words_f32(wa, ROWS, BLOCK)
+                xb = _words_f32(wb, ROWS, BLOCK)
+                ca, cb, scale = _quantize16(xa, xb, elut_ptr, ROWS, KIND, BITS, QMAX, BLOCK,
+                                            NF4_LUT and elut_ptr is not None, HW, SCALE, ts_ptr,
+                                            rowmax=_words_rowmax(wa, wb, ROWS, BLOCK, HW))
+            else:
+                xa, xb = _load16_f32(x_ptr, t, n_blocks, ROWS, BLOCK, X_FLOAT, WORDS)
+                ca, cb, scale = _quantize16(xa, xb, elut_ptr, ROWS, KIND, BITS, QMAX, BLOCK,
+                                            NF4_LUT and elut_ptr is not None, HW, SCALE, ts_ptr)
             _store_codes16(codes_ptr, ca, cb, rows, ok, ~(scale > 0.0), ROWS, KIND, BITS, BLOCK)
         else:
             rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)

@@ -91,6 +91,9 @@ class Launch:
     words: bool = False
     """With the 16-lane tile, read a bf16 input as int32 words of two elements (kernels.WORDS; agoq-cuda decides,
     and only for tiles where every thread owns its own elements)."""
+    max16: bool = False
+    """With ``words``, quantize takes the block absmax from the words two magnitudes at a time (kernels.MAX16; the
+    GPU form needs sm_90's max.u16x2, agoq-cuda decides)."""
 
 
 class LaunchGeometry(Protocol):
@@ -142,7 +145,10 @@ def _vec16(la: Launch, spec, ragged: bool, *codes: torch.Tensor, stride: int = 0
         return {}
     if not vec16_aligned(spec, codes, writes=op != "dequantize", stride=stride):
         return {}
-    return {"VEC16": True, "WORDS": True} if la.words and op in ("quantize", "accumulate") else {"VEC16": True}
+    if not (la.words and op in ("quantize", "accumulate")):
+        return {"VEC16": True}
+    return {"VEC16": True, "WORDS": True, "MAX16": True} if la.max16 and op == "quantize" else \
+        {"VEC16": True, "WORDS": True}
 
 
 def vec16_aligned(spec, codes, *, writes: bool, stride: int = 0) -> bool:
