@@ -156,8 +156,13 @@ def compile_fused(op: str, fmt: str, vec16: bool, arch: int = 90, hidden: int = 
         order, rsq = fused_norm.VARIANTS["tree"]
         pf = fmt in NORM_PREFETCH[bool(c["VEC16"])] if prefetch is None else bool(prefetch)
         c.update(H=hidden, NBR=hidden // spec.block, ORDER=order, RSQRT=rsq, LANES=32, LOG_LANES=5, WRITE_R=0,
-                 r_ptr=None, PREFETCH=pf, WORDS=bool(c["VEC16"]) and not pf and CudaGeometry().reads_words(
-                     torch.bfloat16, c["BLOCK_P"], hidden // spec.block, warps, torch.device("cuda")))
+                 r_ptr=None, PREFETCH=pf)
+        # as fused_norm launches it on sm_90: bf16 words where every thread owns its elements, their absmax
+        # (MAX16) with them, the prefetching loop on words only with MAX16
+        words = bool(c["VEC16"]) and CudaGeometry().reads_words(torch.bfloat16, c["BLOCK_P"], hidden // spec.block,
+                                                                warps, torch.device("cuda"))
+        packed = words and CudaGeometry().packed_max and arch >= 90
+        c.update(WORDS=words and (packed or not pf), MAX16=packed)
         sig = {"x_ptr": p16, "w_ptr": p16, "y_ptr": p16, "codes_ptr": i8, "scales_ptr": p32, "M": "i32",
                "eps": "fp32", "ts_ptr": p32 if spec.tensor_scaled else "constexpr",
                "elut_ptr": "*i64" if lut else "constexpr"}

@@ -23,10 +23,11 @@ import triton.language as tl
 
 from agoq_cuda.fused_swiglu import _round  # RNE to the activation dtype, in registers
 # the plugin's geometry decides HW, the tile, the register caps and the prefetch
-from agoq_cuda.launch import LAUNCHER, fused_maxnreg, fused_vec16, norm_prefetch, norm_programs
+from agoq_cuda.launch import LAUNCHER, fused_maxnreg, fused_vec16, has_max_u16x2, norm_prefetch, norm_programs
 from agoq_triton_kernels.buffers import check_codec_buffers, float_view
 from agoq_triton_kernels.codes import bf16_bits_to_f32
-from agoq_triton_kernels.kernels import (_load16_f32, _load_f32, _quantize16, _store_codes16, _store_f32, _tile16,
+from agoq_triton_kernels.kernels import (_load16_f32, _load16_words, _load_f32, _quantize16, _store_codes16, _store_f32,
+                                         _tile16, _words_f32, _words_rowmax,
                                          quantize_tile, store_codes)
 from agoq_triton_kernels.layout import next_pow2, spec_constexprs
 
@@ -106,7 +107,8 @@ def _rmsnorm_quant_kernel(x_ptr, w_ptr, y_ptr, codes_ptr, scales_ptr, M, eps, ts
                           FLOAT: tl.constexpr, SCALE: tl.constexpr = 0, ORDER: tl.constexpr = 0,
                           RSQRT: tl.constexpr = 0, LANES: tl.constexpr = 32, LOG_LANES: tl.constexpr = 5,
                           WRITE_R: tl.constexpr = 0, elut_ptr=None, NF4_LUT: tl.constexpr = False,
-                          VEC16: tl.constexpr = False, PREFETCH: tl.constexpr = False, WORDS: tl.constexpr = False):
+                          VEC16: tl.constexpr = False, PREFETCH: tl.constexpr = False, WORDS: tl.constexpr = False,
+                          MAX16: tl.constexpr = False):
     j = tl.arange(0, NBR)
     if VEC16:  # the codec kernels' 16-lane tile: [BLOCK // 16, NBR, 8] halves of each 16-element group
         _, _, wcol, _ = _tile16(0, NBR, NBR, BLOCK)
@@ -118,7 +120,9 @@ def _rmsnorm_quant_kernel(x_ptr, w_ptr, y_ptr, codes_ptr, scales_ptr, M, eps, ts
         w = _load_f32(w_ptr, col, col < H, FLOAT)
     t = tl.program_id(0)
     if PREFETCH:  # this program's first row, loaded before the loop
-        if VEC16:
+        if VEC16 and MAX16 and WORDS and FLOAT == 1:
+            xra, xrb = _load16_words(x_ptr, t, M * NBR, NBR, BLOCK)
+        elif VEC16:
             _, _, off0, m0 = _tile16(t, M * NBR, NBR, BLOCK)
             xra = _load_raw(x_ptr, off0, m0, FLOAT)
             xrb = _load_raw(x_ptr, off0 + 8, m0, FLOAT)
@@ -127,18 +131,29 @@ def _rmsnorm_quant_kernel(x_ptr, w_ptr, y_ptr, codes_ptr, scales_ptr, M, eps, ts
     while t < M:
         if VEC16:
             rows, ok, off, m = _tile16(t, M * NBR, NBR, BLOCK)  # the NBR blocks of token row t
-            if PREFETCH:  # as on the generic tile: the next row's halves are loaded before this row's work
+            rowmax = None  # quantize_tile's own, unless MAX16 reads it from the words
+            if PREFETCH and MAX16 and WORDS and FLOAT == 1:  # the prefetched row as words (half the registers of
+                xa = _words_f32(xra, NBR, BLOCK)  # its values while it waits, as the int16 view below)
+                xb = _words_f32(xrb, NBR, BLOCK)
+                rowmax = _words_rowmax(xra, xrb, NBR, BLOCK, HW)
+                xra, xrb = _load16_words(x_ptr, t + tl.num_programs(0), M * NBR, NBR, BLOCK)
+            elif PREFETCH:  # as on the generic tile: the next row's halves are loaded before this row's work
                 xa = _widen(xra, FLOAT)
                 xb = _widen(xrb, FLOAT)
                 _, _, offn, mn = _tile16(t + tl.num_programs(0), M * NBR, NBR, BLOCK)
                 xra = _load_raw(x_ptr, offn, mn, FLOAT)
                 xrb = _load_raw(x_ptr, offn + 8, mn, FLOAT)
+            elif MAX16 and WORDS and FLOAT == 1:  # bf16 words, and the absmax from them as quantize's (MAX16)
+                qa, qb = _load16_words(x_ptr, t, M * NBR, NBR, BLOCK)
+                xa = _words_f32(qa, NBR, BLOCK)
+                xb = _words_f32(qb, NBR, BLOCK)
+                rowmax = _words_rowmax(qa, qb, NBR, BLOCK, HW)
             else:  # WORDS: bf16 as int32 words, where every thread owns its 16 elements (launch.words_unreplicated)
                 xa, xb = _load16_f32(x_ptr, t, M * NBR, NBR, BLOCK, FLOAT, WORDS)
             # FAST_RCP=False: libdevice's rcp.rn here; the inline one raised the prefetching int4 norm from 64 to 77
             # registers and nf4's loop from 26.25 to 26.88 instructions per element (sm_90, codec_isa)
             ca, cb, scale = _quantize16(xa, xb, elut_ptr, NBR, KIND, BITS, QMAX, BLOCK, NF4_LUT, HW, SCALE, ts_ptr,
-                                        FAST_RCP=False)
+                                        FAST_RCP=False, rowmax=rowmax)
             _store_codes16(codes_ptr, ca, cb, rows, ok, ~(scale > 0.0), NBR, KIND, BITS, BLOCK)
             if ORDER == 1:
                 ss = _row_sum_squares(x_ptr, xa, t * H, H, FLOAT, ORDER, LANES, LOG_LANES)
@@ -256,8 +271,10 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
     extra = {} if x.device.type == "cpu" else {"num_warps": warps}
     if not pf:  # the caps were timed without the prefetch; with it fp4's cap spills (codec_isa)
         extra.update(fused_maxnreg("rmsnorm_quant", spec, tile, x.device))
-    if tile and not pf and LAUNCHER.geometry.reads_words(x.dtype, c["BLOCK_P"], h // spec.block, warps, x.device):
-        tile = {**tile, "WORDS": True}  # bf16 read as int32 words, as the codec tiles
+    words = bool(tile) and LAUNCHER.geometry.reads_words(x.dtype, c["BLOCK_P"], h // spec.block, warps, x.device)
+    packed = words and LAUNCHER.geometry.packed_max and has_max_u16x2(x.device)
+    if words and (packed or not pf):  # bf16 read as int32 words, as the codec tiles; with the absmax from them
+        tile = {**tile, "WORDS": True, "MAX16": packed}  # (MAX16) in the prefetching loop too
     elut = LAUNCHER.encode_table(spec, x.device)  # NF4: the bucket table (one gather per element), as the codec kernels
     LAUNCHER.launch(_rmsnorm_quant_kernel, max(1, nprog), (
         xv, wv, yv, codes.view(torch.int8), scales, m, float(eps), LAUNCHER.tensor_scale(spec, x), rinv), dict(

@@ -76,22 +76,24 @@ def test_prefetch_changes_no_bit(fmt, dtype, programs, vec16, device):
         assert (other[3] > 0).all()  # every row written
 
 
-@pytest.mark.parametrize("fmt", ["int8", "int5", "fp8_e4m3", "int4"])
+@pytest.mark.parametrize("fmt,prefetch", [("int8", False), ("int5", False), ("fp8_e4m3", False), ("int4", False),
+                                          ("int4", True), ("nf4", True), ("mxfp4", True)])
 @pytest.mark.parametrize("h", [256, 2048, 4096])
-def test_bf16_words_change_no_bit(fmt, h, device, monkeypatch):
-    """The 16-lane tile without the prefetch reads bf16 x as int32 words (kernels._load16_f32) wherever every thread
-    owns its own 16 elements (launch.words_unreplicated: 2,048 and 4,096 columns on a GPU; not 256, whose 16 groups
-    are fewer than the 128 threads: that tile gave wrong codes on an H100 with word loads, docs/bench/codecs.md).
-    Every output equals the int16 view's bit for bit, and the codes and scales the reference's, with an outlier, a
-    non-finite block and an all-zero block among the rows."""
+def test_bf16_words_change_no_bit(fmt, prefetch, h, device, monkeypatch):
+    """The 16-lane tile reads bf16 x as int32 words (kernels._load16_words) wherever every thread owns its own 16
+    elements (launch.words_unreplicated: 2,048 and 4,096 columns on a GPU; not 256, whose 16 groups are fewer than
+    the 128 threads: that tile gave wrong codes on an H100 with word loads, docs/bench/codecs.md), and takes the block
+    absmax from the words (MAX16) where the device has a halfword-wise max; the prefetching loop reads words only
+    with MAX16. Every output equals the int16 view's bit for bit, and the codes and scales the reference's, with an
+    outlier, a non-finite block and an all-zero block among the rows."""
     import agoq_cuda.fused_norm as fn
-    from agoq_cuda.launch import words_unreplicated
+    from agoq_cuda.launch import has_max_u16x2, words_unreplicated
 
     seen = []
     launch = fn.LAUNCHER.launch
 
     def spy(kernel, grid, args, consts):
-        seen.append(bool(consts.get("WORDS")))
+        seen.append((bool(consts.get("WORDS")), bool(consts.get("MAX16"))))
         return launch(kernel, grid, args, consts)
 
     monkeypatch.setattr(fn.LAUNCHER, "launch", spy)
@@ -101,6 +103,8 @@ def test_bf16_words_change_no_bit(fmt, h, device, monkeypatch):
     x[1, 5] = 300.0
     x[2, 40] = float("inf")
     x[3, : spec.block] = 0.0
+    x[4, 7] = -310.0  # a negative peak in an odd half, beside a positive almost as large
+    x[4, 8] = 309.0
     w = (1 + 0.1 * torch.randn(h, generator=g)).to(torch.bfloat16)
     outs = []
     for words in (True, False):
@@ -108,11 +112,13 @@ def test_bf16_words_change_no_bit(fmt, h, device, monkeypatch):
         y = torch.full_like(x, 5.0, device=device)
         codes = torch.full((spec.code_bytes(x.numel()),), 0xA5, dtype=torch.uint8, device=device)
         scales = torch.full((spec.num_blocks(x.numel()),), -7.0, device=device)
-        rmsnorm_quant_into(x.to(device), w.to(device), 1e-5, spec, y, codes, scales, vec16=True, prefetch=False)
+        rmsnorm_quant_into(x.to(device), w.to(device), 1e-5, spec, y, codes, scales, vec16=True, prefetch=prefetch)
         outs.append((y.cpu(), codes.cpu(), scales.cpu()))
     warps = 4 if h <= 2048 else 8
-    assert seen == [words_unreplicated(spec.block, h // spec.block, warps, torch.device(device)), False]
-    assert seen[0] == (device.type == "cpu" or h >= 2048)
+    owned = words_unreplicated(spec.block, h // spec.block, warps, torch.device(device))
+    assert owned == (device.type == "cpu" or h >= 2048)
+    packed = owned and has_max_u16x2(torch.device(device))
+    assert seen == [(owned and (packed or not prefetch), packed), (False, False)]
     want_c, want_s = ref.quantize_blocks(x, spec)
     assert_bits_equal(outs[0][1], want_c, "codes")
     assert_bits_equal(outs[0][2], want_s, "scales")

@@ -127,7 +127,8 @@ def _peak_blocks(block: int, seed: int) -> torch.Tensor:
     return x.flatten().to(torch.bfloat16)
 
 
-@pytest.mark.parametrize("fmt", ["int4", "int5", "int6", "int8", "nf4", "fp4_e2m1", "fp8_e4m3"])
+@pytest.mark.parametrize("fmt", ["int4", "int5", "int6", "int8", "nf4", "fp4_e2m1", "fp8_e4m3", "mxfp4", "mxfp8",
+                                 "nvfp4"])
 def test_packed_absmax_changes_no_bit(fmt, vec16_seen, device, monkeypatch):
     """quantize's block absmax from the bf16 words two magnitudes per integer max (kernels.MAX16: sm_90's
     max.u16x2 on a GPU, plain integer ops in the interpreter) gives the reference's codes and scales, as the

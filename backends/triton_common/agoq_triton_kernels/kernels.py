@@ -262,7 +262,7 @@ def quantize_tile(x, elut_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.
     None: computed here.
     """
     if SCALE != 0:
-        return mx_quantize_tile(x, ts_ptr, KIND, BITS, QMAX, HW, SCALE, RAW)
+        return mx_quantize_tile(x, ts_ptr, KIND, BITS, QMAX, HW, SCALE, RAW, rowmax)
     if FAST_DIV:
         if rowmax is None:
             rowmax = tl.max(x.to(tl.int32, bitcast=True) & _ABS_MASK, axis=1)
@@ -802,13 +802,13 @@ def quantize_kernel(x_ptr, codes_ptr, scales_ptr, n, n_blocks, n_tiles,
     """x (n elements; fp32/fp16, or bf16 as int16) -> codes (int8 view of the uint8 buffer), scales fp32.
 
     VEC16 (agoq-cuda, whole power-of-two blocks >= 16): the 16-lane tile above; else the generic tile. WORDS: bf16
-    read as int32 words on it (_load16_f32). MAX16 (with WORDS, the absmax formats): the block absmax from the
+    read as int32 words on it (_load16_f32). MAX16 (with WORDS): the block absmax from the
     words two magnitudes at a time (_words_rowmax; with HW, sm_90's max.u16x2)."""
     t = tl.program_id(0)
     while t < n_tiles:
         if VEC16:
             rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
-            if MAX16 and WORDS and X_FLOAT == 1 and SCALE == 0:
+            if MAX16 and WORDS and X_FLOAT == 1:
                 wa, wb = _load16_words(x_ptr, t, n_blocks, ROWS, BLOCK)
                 # the values before the maxima, as separate statements: passed inline as arguments, Triton 3.6 moved
                 # them through shared memory (sm_90 SASS: int4 8.56 -> 13.75 instructions per element)

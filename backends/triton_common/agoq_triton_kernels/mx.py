@@ -27,24 +27,25 @@ SCALE_IDS = {"absmax": 0, "e8m0": 1, "e4m3_tensor": 2}
 
 @triton.jit
 def mx_quantize_tile(x, ts_ptr, KIND: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr, HW: tl.constexpr,
-                     SCALE: tl.constexpr, RAW: tl.constexpr = False):
+                     SCALE: tl.constexpr, RAW: tl.constexpr = False, rowmax=None):
     """x: fp32 [ROWS, BLOCK_P] (masked lanes hold 0) -> (codes int32 [ROWS, BLOCK_P], effective scales [ROWS]).
 
     SCALE=1 (MX): e = max(exp(absmax) - emax_elem, -126), scale 2**e, v = x * 2**-e (exact).
     SCALE=2 (NVFP4): ts_ptr -> [S, RN(1/S)] (Launcher.tensor_scale);
     s_b = e4m3(clamp(RN(RN(absmax / 6) / S), 2**-9, 448)), v = RN(x * RN(RN(1/S) / s_b)), scale RN(S * s_b);
     S == 0 flushes the tensor. Then saturate to +-QMAX, encode (ties to even), no -0 code; a block holding
-    NaN/Inf gets scale NaN and zero codes (RAW: both left to the caller, see quantize_tile).
+    NaN/Inf gets scale NaN and zero codes (RAW: both left to the caller, see quantize_tile). rowmax: quantize_tile's.
     """
-    if HW:  # integer max of the magnitude bits: NaN/Inf sort above every finite value (the non-finite flag)
-        a = x.to(tl.int32, bitcast=True) & _ABS_MASK
-        rowmax = tl.max(a, axis=1)
+    if not HW:
+        ax = tl.abs(x)
+    if HW or rowmax is not None:  # integer max of the magnitude bits: NaN/Inf sort above every finite value (the
+        if rowmax is None:  # non-finite flag); given: the caller's (kernels._words_rowmax, the interpreter's MAX16)
+            rowmax = tl.max(x.to(tl.int32, bitcast=True) & _ABS_MASK, axis=1)
         bad = rowmax >= _EXP_MASK
         amax_bits = tl.where(rowmax < _MIN_NORMAL_BITS, 0, rowmax)
     else:  # fp32 compares only (Ascend runs int32 vector compares as scalar code), as quantize_tile's portable
-        ax = tl.abs(x)  # branch: the non-finite flag is a NaN row sum of x - x; a bad row's amax is dropped
-        nf = tl.sum(x - x, axis=1)
-        bad = nf != nf
+        nf = tl.sum(x - x, axis=1)  # branch: the non-finite flag is a NaN row sum of x - x; a bad row's amax is
+        bad = nf != nf  # dropped
         amax = tl.max(ax, axis=1)
         amax_bits = tl.where(amax < _MIN_NORMAL_F32, 0.0, amax).to(tl.int32, bitcast=True)
     if SCALE == 1:
