@@ -175,7 +175,8 @@ def compile_fused(op: str, fmt: str, vec16: bool, arch: int = 90, hidden: int = 
         if op == "silu_mul_quant":
             fn = fused_swiglu._silu_mul_quant_kernel
             c.update(SILU=fused_swiglu.FORWARD_VARIANTS["libdevice"], tab_ptr=None,
-                     WORDS=bool(la.words and c["VEC16"]))
+                     WORDS=bool(la.words and c["VEC16"]), MAX16=bool(la.words and c["VEC16"]) and
+                     CudaGeometry().packed_max and arch >= 90)
             sig = {"g_ptr": p16, "u_ptr": p16, "h_ptr": p16, "gc_ptr": i8, "gs_ptr": p32, "uc_ptr": i8,
                    "us_ptr": p32, **sizes, "elut_ptr": "*i64" if lut else "constexpr"}
         elif op == "silu_mul_backward":

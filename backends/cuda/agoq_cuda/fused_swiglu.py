@@ -42,8 +42,9 @@ import triton.language as tl
 from agoq_cuda.launch import LAUNCHER, fused_maxnreg, fused_vec16
 from agoq_triton_kernels.buffers import check_codec_buffers, float_view
 from agoq_triton_kernels.codes import bf16_bits_to_f32, f32_to_bf16_bits
-from agoq_triton_kernels.kernels import (_dequantize16, _load16_f32, _load_f32, _quantize16, _store_codes16,
-                                         _store_f32, _tile, _tile16, dequantize_tile, quantize_tile, store_codes)
+from agoq_triton_kernels.kernels import (_dequantize16, _load16_f32, _load16_words, _load_f32, _quantize16,
+                                         _store_codes16, _store_f32, _tile, _tile16, _words_f32, _words_rowmax,
+                                         dequantize_tile, quantize_tile, store_codes)
 from agoq_triton_kernels.layout import spec_constexprs
 
 __all__ = ["silu_mul_quant_unsupported", "silu_mul_quant_into", "silu_mul_quant_variants",
@@ -119,9 +120,11 @@ def _silu16(g, mask, tab_ptr, SILU: tl.constexpr, FLOAT: tl.constexpr, HW: tl.co
 @triton.jit
 def _quantize16_store(xa, xb, c_ptr, s_ptr, elut_ptr, rows, ok, ROWS: tl.constexpr, KIND: tl.constexpr,
                       BITS: tl.constexpr, QMAX: tl.constexpr, BLOCK: tl.constexpr, NF4_LUT: tl.constexpr,
-                      HW: tl.constexpr, SCALE: tl.constexpr):
-    """Codes and scales of the 16-lane tile's two halves (the codec kernels' own _quantize16 / _store_codes16)."""
-    ca, cb, sc = _quantize16(xa, xb, elut_ptr, ROWS, KIND, BITS, QMAX, BLOCK, NF4_LUT, HW, SCALE, None)
+                      HW: tl.constexpr, SCALE: tl.constexpr, rowmax=None):
+    """Codes and scales of the 16-lane tile's two halves (the codec kernels' own _quantize16 / _store_codes16;
+    rowmax: quantize_tile's)."""
+    ca, cb, sc = _quantize16(xa, xb, elut_ptr, ROWS, KIND, BITS, QMAX, BLOCK, NF4_LUT, HW, SCALE, None,
+                             rowmax=rowmax)
     _store_codes16(c_ptr, ca, cb, rows, ok, ~(sc > 0.0), ROWS, KIND, BITS, BLOCK)
     tl.store(s_ptr + rows, sc, mask=ok)
 
@@ -131,17 +134,30 @@ def _silu_mul_quant_kernel(g_ptr, u_ptr, h_ptr, gc_ptr, gs_ptr, uc_ptr, us_ptr, 
                            KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
                            QMAX: tl.constexpr, ROWS: tl.constexpr, FLOAT: tl.constexpr, HW: tl.constexpr,
                            SILU: tl.constexpr, SCALE: tl.constexpr = 0, elut_ptr=None, NF4_LUT: tl.constexpr = False,
-                           tab_ptr=None, VEC16: tl.constexpr = False, WORDS: tl.constexpr = False):
+                           tab_ptr=None, VEC16: tl.constexpr = False, WORDS: tl.constexpr = False,
+                           MAX16: tl.constexpr = False):
     t = tl.program_id(0)
     while t < n_tiles:
         if VEC16:  # the codec kernels' 16-lane tile: a thread owns 16 consecutive elements of a block
             rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
-            ga, gb = _load16_f32(g_ptr, t, n_blocks, ROWS, BLOCK, FLOAT, WORDS)  # WORDS: bf16 as int32 words
-            ua, ub = _load16_f32(u_ptr, t, n_blocks, ROWS, BLOCK, FLOAT, WORDS)
+            if MAX16 and WORDS and FLOAT == 1:  # bf16 words, and each block's absmax from them (quantize's MAX16)
+                gwa, gwb = _load16_words(g_ptr, t, n_blocks, ROWS, BLOCK)
+                uwa, uwb = _load16_words(u_ptr, t, n_blocks, ROWS, BLOCK)
+                ga = _words_f32(gwa, ROWS, BLOCK)
+                gb = _words_f32(gwb, ROWS, BLOCK)
+                ua = _words_f32(uwa, ROWS, BLOCK)
+                ub = _words_f32(uwb, ROWS, BLOCK)
+                gmax = _words_rowmax(gwa, gwb, ROWS, BLOCK, HW)
+                umax = _words_rowmax(uwa, uwb, ROWS, BLOCK, HW)
+            else:
+                ga, gb = _load16_f32(g_ptr, t, n_blocks, ROWS, BLOCK, FLOAT, WORDS)  # WORDS: bf16 as int32 words
+                ua, ub = _load16_f32(u_ptr, t, n_blocks, ROWS, BLOCK, FLOAT, WORDS)
+                gmax = None
+                umax = None
             _quantize16_store(ga, gb, gc_ptr, gs_ptr, elut_ptr, rows, ok, ROWS, KIND, BITS, QMAX, BLOCK, NF4_LUT, HW,
-                              SCALE)
+                              SCALE, gmax)
             _quantize16_store(ua, ub, uc_ptr, us_ptr, elut_ptr, rows, ok, ROWS, KIND, BITS, QMAX, BLOCK, NF4_LUT, HW,
-                              SCALE)
+                              SCALE, umax)
             _store_f32(h_ptr, off, _silu16(ga, m, tab_ptr, SILU, FLOAT, HW) * ua, m, FLOAT, HW)
             _store_f32(h_ptr, off + 8, _silu16(gb, m, tab_ptr, SILU, FLOAT, HW) * ub, m, FLOAT, HW)
         else:
@@ -277,7 +293,7 @@ def silu_mul_quant_into(gate: torch.Tensor, up: torch.Tensor, spec, h: torch.Ten
         KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"], BLOCK_P=la.block_p,
         QMAX=c["QMAX"], ROWS=la.rows, FLOAT=fk, HW=hw_, SILU=silu, SCALE=c.get("SCALE", 0),
         elut_ptr=elut, NF4_LUT=elut is not None, tab_ptr=silu_table(gate.dtype, gate.device) if silu == 2 else None,
-        enable_fp_fusion=False, **tile, **({"WORDS": True} if la.words and tile.get("VEC16") else {}), **la.options,
+        enable_fp_fusion=False, **tile, **({"WORDS": True, "MAX16": la.max16} if la.words and tile.get("VEC16") else {}), **la.options,
         **fused_maxnreg("silu_mul_quant", spec, tile, gate.device)))
 
 
