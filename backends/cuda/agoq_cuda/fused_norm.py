@@ -23,7 +23,8 @@ import triton.language as tl
 
 from agoq_cuda.fused_swiglu import _round  # RNE to the activation dtype, in registers
 # the plugin's geometry decides HW, the tile, the register caps and the prefetch
-from agoq_cuda.launch import LAUNCHER, fused_maxnreg, fused_vec16, has_max_u16x2, norm_prefetch, norm_programs
+from agoq_cuda.launch import (LAUNCHER, NORM_PREFETCH_WORDS, fused_maxnreg, fused_vec16, has_max_u16x2, norm_prefetch,
+                              norm_programs)
 from agoq_triton_kernels.buffers import check_codec_buffers, float_view
 from agoq_triton_kernels.codes import bf16_bits_to_f32
 from agoq_triton_kernels.kernels import (_load16_f32, _load16_words, _load_f32, _quantize16, _store_codes16, _store_f32,
@@ -273,8 +274,8 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
         extra.update(fused_maxnreg("rmsnorm_quant", spec, tile, x.device))
     words = bool(tile) and LAUNCHER.geometry.reads_words(x.dtype, c["BLOCK_P"], h // spec.block, warps, x.device)
     packed = words and LAUNCHER.geometry.packed_max and has_max_u16x2(x.device)
-    if words and (packed or not pf):  # bf16 read as int32 words, as the codec tiles; with the absmax from them
-        tile = {**tile, "WORDS": True, "MAX16": packed}  # (MAX16) in the prefetching loop too
+    if words and (not pf or (packed and spec.name in NORM_PREFETCH_WORDS)):  # bf16 read as int32 words, as the
+        tile = {**tile, "WORDS": True, "MAX16": packed}  # codec tiles, the absmax from them (MAX16) where it can
     elut = LAUNCHER.encode_table(spec, x.device)  # NF4: the bucket table (one gather per element), as the codec kernels
     LAUNCHER.launch(_rmsnorm_quant_kernel, max(1, nprog), (
         xv, wv, yv, codes.view(torch.int8), scales, m, float(eps), LAUNCHER.tensor_scale(spec, x), rinv), dict(

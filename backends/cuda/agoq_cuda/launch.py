@@ -20,8 +20,8 @@ import torch
 from agoq_triton_kernels.launch import Launch, Launcher, is_interpreted, vec16_aligned
 from agoq_triton_kernels.layout import next_pow2
 
-__all__ = ["Geometry", "geometry", "CudaGeometry", "VEC16_DEFAULTS", "MAXNREG", "NORM_PREFETCH", "norm_prefetch",
-           "NORM_PROGRAMS_PER_SM", "norm_programs", "sm_count", "PARTIALS_ROWS", "PARTIALS_PROGRAMS_PER_SM",
+__all__ = ["Geometry", "geometry", "CudaGeometry", "VEC16_DEFAULTS", "MAXNREG", "NORM_PREFETCH", "NORM_PREFETCH_WORDS",
+           "norm_prefetch", "has_max_u16x2", "NORM_PROGRAMS_PER_SM", "norm_programs", "sm_count", "PARTIALS_ROWS", "PARTIALS_PROGRAMS_PER_SM",
            "words_unreplicated",
            "parse_vec16", "parse_maxnreg", "LAUNCHER", "quantize", "dequantize", "accumulate", "reduce_requantize",
            "is_interpreted"]
@@ -286,6 +286,14 @@ NORM_PREFETCH: dict[bool, frozenset[str]] = {
     False: frozenset({"int4", "nf4", "fp4_e2m1", "mxfp4"}),
     True: frozenset({"int4", "nf4", "fp4_e2m1", "mxfp4"}),
 }
+
+#: Formats whose prefetching fused norm on the 16-lane tile holds the next token row as bf16 words, with the block
+#: absmax from them (MAX16; without MAX16 the prefetching loop keeps the int16 view). sm_90 SASS per element and
+#: registers (codec_isa, twenty-second session): nf4 26.25 -> 25.00 (80 registers both), fp4_e2m1 26.62 -> 25.19
+#: (79 -> 77), mxfp4 27.12 -> 24.94 (79 -> 80). Not int4: 21.94 -> 19.44 but 64 -> 73 registers (a program fewer per
+#: SM; capped at 64 it spills nothing and counts 19.81), left on the int16 view until a GPU times it. Not timed on a
+#: GPU yet.
+NORM_PREFETCH_WORDS: frozenset[str] = frozenset({"nf4", "fp4_e2m1", "mxfp4"})
 
 
 #: Persistent programs per SM of the fused RMSNorm + quantize, per (format, 16-lane tile); the rest take
