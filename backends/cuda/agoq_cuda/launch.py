@@ -175,8 +175,18 @@ class CudaGeometry:
         # 0.5-0.8 fewer instructions per element. AGOQ_CUDA_BF16_WORDS=0 reads them through the int16 view.
         self.bf16_words = _flag("AGOQ_CUDA_BF16_WORDS", True)
         # with the words, quantize's block absmax two magnitudes per integer max (kernels.MAX16, sm_90 max.u16x2):
-        # sm_90 SASS 0.7 fewer instructions per element. AGOQ_CUDA_PACKED_MAX=0: one max per element (A/B timing).
-        self.packed_max = _flag("AGOQ_CUDA_PACKED_MAX", True)
+        # sm_90 SASS 0.7 fewer instructions per element. AGOQ_CUDA_PACKED_MAX: 1 on, 0 off, auto (None) packs_max's
+        v = os.environ.get("AGOQ_CUDA_PACKED_MAX", "").strip().lower()
+        self.packed_max = None if v in ("", "default", "auto") else _flag("AGOQ_CUDA_PACKED_MAX", True)
+
+    def packs_max(self, device: torch.device) -> bool:
+        """Whether the 16-lane kernels that read bf16 words on ``device`` take each block's absmax from the words
+        (kernels.MAX16): AGOQ_CUDA_PACKED_MAX=1 wherever the device has a halfword-wise max (:func:`has_max_u16x2`),
+        0 nowhere; auto (the default) in the interpreter only, until a GPU has run the sm_90 form (written on
+        2026-12-07 without one: docs/bench/codecs.md, twenty-second session)."""
+        if not has_max_u16x2(device):
+            return False
+        return device.type == "cpu" if self.packed_max is None else self.packed_max
 
     def reads_words(self, io_dtype: torch.dtype, block_p: int, rows: int, warps: int, device: torch.device) -> bool:
         """Whether a 16-lane tile of ``rows`` blocks reads its ``io_dtype`` input as int32 words (``WORDS``): bf16,
@@ -226,7 +236,7 @@ class CudaGeometry:
                                                                                 geo.num_warps, device)
         return Launch(grid=geo.programs, rows=geo.rows, block_p=block_p, n_tiles=-(-nb // geo.rows),
                       options={"num_warps": geo.num_warps}, plan=geo, vec16=vec16, words=words,
-                      max16=words and op == "quantize" and self.packed_max and has_max_u16x2(device))
+                      max16=words and op == "quantize" and self.packs_max(device))
 
 
 def has_max_u16x2(device: torch.device) -> bool:

@@ -87,7 +87,7 @@ def test_bf16_words_change_no_bit(fmt, prefetch, h, device, monkeypatch):
     with MAX16. Every output equals the int16 view's bit for bit, and the codes and scales the reference's, with an
     outlier, a non-finite block and an all-zero block among the rows."""
     import agoq_cuda.fused_norm as fn
-    from agoq_cuda.launch import NORM_PREFETCH_WORDS, has_max_u16x2, words_unreplicated
+    from agoq_cuda.launch import NORM_PREFETCH_WORDS, words_unreplicated
 
     seen = []
     launch = fn.LAUNCHER.launch
@@ -117,7 +117,7 @@ def test_bf16_words_change_no_bit(fmt, prefetch, h, device, monkeypatch):
     warps = 4 if h <= 2048 else 8
     owned = words_unreplicated(spec.block, h // spec.block, warps, torch.device(device))
     assert owned == (device.type == "cpu" or h >= 2048)
-    packed = owned and has_max_u16x2(torch.device(device))
+    packed = owned and fn.LAUNCHER.geometry.packs_max(torch.device(device))
     words = owned and (not prefetch or (packed and fmt in NORM_PREFETCH_WORDS))
     assert seen == [(words, words and packed), (False, False)]
     want_c, want_s = ref.quantize_blocks(x, spec)

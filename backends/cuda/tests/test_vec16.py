@@ -182,8 +182,9 @@ def test_words_only_where_every_thread_owns_its_elements(monkeypatch):
 
 def test_packed_absmax_only_for_quantize_words(monkeypatch):
     """Launch.max16 (quantize's absmax on the words' halves, kernels.MAX16) rides on the words, for quantize only,
-    wherever the device has a halfword-wise max: the interpreter, and on a GPU sm_90+ (max.u16x2; none on sm_80 /
-    sm_89). AGOQ_CUDA_PACKED_MAX=0 turns it off."""
+    where the device has a halfword-wise max: the interpreter, and on a GPU sm_90+ (max.u16x2; none on sm_80 /
+    sm_89). By default (auto) only in the interpreter until a GPU has run it; AGOQ_CUDA_PACKED_MAX=1 turns it on on
+    the GPUs that have it, 0 off everywhere."""
     spec = get_format("int4")
     cpu = torch.device("cpu")
 
@@ -195,11 +196,19 @@ def test_packed_absmax_only_for_quantize_words(monkeypatch):
     assert not plan(dtype=torch.float32).max16
     assert launch.has_max_u16x2(cpu)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    gpu = torch.device("cuda")
     for cap, has in (((8, 0), False), ((8, 9), False), ((9, 0), True), ((10, 0), True)):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, cap=cap: cap)
-        assert launch.has_max_u16x2(torch.device("cuda")) is has
+        assert launch.has_max_u16x2(gpu) is has
+        for env, on_gpu in (("", False), ("auto", False), ("1", has), ("0", False)):
+            monkeypatch.setenv("AGOQ_CUDA_PACKED_MAX", env)
+            geo = launch.CudaGeometry()
+            assert geo.packs_max(gpu) is on_gpu and geo.packs_max(cpu) is (env != "0")
     monkeypatch.setenv("AGOQ_CUDA_PACKED_MAX", "0")
     assert not plan().max16 and plan().words
+    monkeypatch.setenv("AGOQ_CUDA_PACKED_MAX", "maybe")
+    with pytest.raises(ValueError, match="AGOQ_CUDA_PACKED_MAX"):
+        launch.CudaGeometry()
 
 
 @pytest.mark.parametrize("odd_stride", [False, True], ids=["stride16", "odd-stride"])
