@@ -20,13 +20,13 @@ CASES = [("int4", None, False), ("int5", None, False), ("int5", 16, True), ("int
 
 
 @pytest.fixture
-def vec16_seen(monkeypatch):
-    """The VEC16 constexpr of every launch of the test."""
+def launched(monkeypatch):
+    """The constexprs of every launch of the test (dicts, in order)."""
     seen = []
     run = launch.LAUNCHER._run
 
     def spy(kernel, la, args, consts, replan=None):
-        seen.append(bool(consts(la).get("VEC16")))
+        seen.append(consts(la))
         return run(kernel, la, args, consts, replan)
 
     monkeypatch.setattr(launch.LAUNCHER, "_run", spy)
@@ -36,6 +36,11 @@ def vec16_seen(monkeypatch):
     monkeypatch.setattr(launch.LAUNCHER.geometry, "vec16_rules", launch.parse_vec16("1"))
     monkeypatch.setattr(launch.LAUNCHER, "_plans", {})
     return seen
+
+
+def _seen(launched, name: str) -> list[bool]:
+    """Constexpr ``name`` of every launch so far."""
+    return [bool(c.get(name)) for c in launched]
 
 
 def _spec(fmt, block):
@@ -54,7 +59,7 @@ def _odd(t: torch.Tensor, odd: bool) -> torch.Tensor:
 
 @pytest.mark.parametrize("fmt,block,odd", CASES, ids=[f"{f}-b{b or 'default'}-{'odd' if o else 'aligned'}"
                                                      for f, b, o in CASES])
-def test_quantize_dequantize_accumulate(fmt, block, odd, vec16_seen, device):
+def test_quantize_dequantize_accumulate(fmt, block, odd, launched, device):
     spec = _spec(fmt, block)
     x = special_blocks(spec, spec.block, seed=spec.block)
     x = x[: x.numel() // spec.block * spec.block]  # whole blocks: one launch each
@@ -75,23 +80,15 @@ def test_quantize_dequantize_accumulate(fmt, block, odd, vec16_seen, device):
     assert_bits_equal(scales.cpu(), acc_s, "accumulated scales")
     # packed words (int32/int16) at an odd address take the generic tile; 8-bit codes are read as bytes (dequantize
     # keeps the tile) but written as int32 words (quantize and accumulate do not)
-    assert vec16_seen == ([not odd, True, not odd] if spec.bits == 8 else [not odd] * 3)
+    assert _seen(launched, "VEC16") == ([not odd, True, not odd] if spec.bits == 8 else [not odd] * 3)
 
 
 @pytest.mark.parametrize("fmt", ["int4", "int5", "nf4", "fp4_e2m1", "mxfp4", "fp8_e4m3", "mxfp8", "nvfp4"])
-def test_bf16_input(fmt, vec16_seen, device, monkeypatch):
+def test_bf16_input(fmt, launched, device):
     """bf16 input on the 16-lane tile: the codes and scales of quantize, and of accumulate's bf16 gradient, equal
     the reference's bit for bit, with non-finite, zero and tiny blocks among the Gaussian ones (a load that mixed up
     a word's two halves would move every other value: the bf16-as-int32-words variant tried on 2026-12-07 was
     checked here, docs/bench/codecs.md)."""
-    words = []
-    run = launch.LAUNCHER._run  # the vec16_seen spy: record WORDS too
-
-    def spy(kernel, la, args, consts, replan=None):
-        words.append(bool(consts(la).get("WORDS")))
-        return run(kernel, la, args, consts, replan)
-
-    monkeypatch.setattr(launch.LAUNCHER, "_run", spy)
     spec = get_format(fmt)
     x = special_blocks(spec, spec.block, seed=7)
     x = x[: x.numel() // spec.block * spec.block].to(torch.bfloat16)
@@ -108,8 +105,8 @@ def test_bf16_input(fmt, vec16_seen, device, monkeypatch):
         acc_c, acc_s = ref.accumulate(want_c, want_s, spec, n, g)
         assert_bits_equal(codes.cpu(), acc_c, "accumulated codes")
         assert_bits_equal(scales.cpu(), acc_s, "accumulated scales")
-    assert vec16_seen and all(vec16_seen)
-    assert words == [True] * (1 if spec.tensor_scaled else 2)  # quantize (and accumulate): the default tiles give
+    assert launched and all(_seen(launched, "VEC16"))
+    assert _seen(launched, "WORDS") == [True] * (1 if spec.tensor_scaled else 2)  # quantize (and accumulate): the default tiles give
     # every thread its own 16 elements
 
 
@@ -129,20 +126,12 @@ def _peak_blocks(block: int, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("fmt", ["int4", "int5", "int6", "int8", "nf4", "fp4_e2m1", "fp8_e4m3", "mxfp4", "mxfp8",
                                  "nvfp4"])
-def test_packed_absmax_changes_no_bit(fmt, vec16_seen, device, monkeypatch):
+def test_packed_absmax_changes_no_bit(fmt, launched, device, monkeypatch):
     """quantize's block absmax from the bf16 words two magnitudes per integer max (kernels.MAX16: sm_90's
     max.u16x2 on a GPU, plain integer ops in the interpreter) gives the reference's codes and scales, as the
     per-element maximum does: the peak of each block at every position of its words (even and odd halves, every
     thread of a block), next to a negative of almost its magnitude, plus the special blocks (NaN and Inf in either
     half, subnormals, zeros)."""
-    seen = []
-    run = launch.LAUNCHER._run
-
-    def spy(kernel, la, args, consts, replan=None):
-        seen.append(bool(consts(la).get("MAX16")))
-        return run(kernel, la, args, consts, replan)
-
-    monkeypatch.setattr(launch.LAUNCHER, "_run", spy)
     spec = get_format(fmt)
     special = special_blocks(spec, spec.block, seed=11)
     x = torch.cat([_peak_blocks(spec.block, seed=3), special[: special.numel() // spec.block * spec.block].bfloat16()])
@@ -155,7 +144,7 @@ def test_packed_absmax_changes_no_bit(fmt, vec16_seen, device, monkeypatch):
         launch.quantize(x.to(device), spec, codes, scales)
         assert_bits_equal(codes.cpu(), want_c, f"codes (packed absmax {packed})")
         assert_bits_equal(scales.cpu(), want_s, f"scales (packed absmax {packed})")
-    assert seen == [launch.has_max_u16x2(torch.device(device)), False]
+    assert _seen(launched, "MAX16") == [launch.has_max_u16x2(torch.device(device)), False]
 
 
 def test_words_only_where_every_thread_owns_its_elements(monkeypatch):
@@ -213,7 +202,7 @@ def test_packed_absmax_only_for_quantize_words(monkeypatch):
 
 @pytest.mark.parametrize("odd_stride", [False, True], ids=["stride16", "odd-stride"])
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "mxfp8"])
-def test_reduce_requantize(fmt, odd_stride, vec16_seen, device):
+def test_reduce_requantize(fmt, odd_stride, launched, device):
     spec = get_format(fmt)
     g = torch.Generator().manual_seed(5)
     nc = 9 * spec.block
@@ -233,5 +222,5 @@ def test_reduce_requantize(fmt, odd_stride, vec16_seen, device):
     want_c, want_s = ref.reduce_requantize(cin, sin, spec, nc)
     assert_bits_equal(cout.cpu(), want_c, "codes")
     assert_bits_equal(sout.cpu(), want_s, "scales")
-    assert vec16_seen == [True]  # 8-bit codes read as bytes (any stride), written to an aligned buffer
+    assert _seen(launched, "VEC16") == [True]  # 8-bit codes read as bytes (any stride), written to an aligned buffer
 
