@@ -293,7 +293,8 @@ def silu_mul_quant_into(gate: torch.Tensor, up: torch.Tensor, spec, h: torch.Ten
         KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"], BLOCK_P=la.block_p,
         QMAX=c["QMAX"], ROWS=la.rows, FLOAT=fk, HW=hw_, SILU=silu, SCALE=c.get("SCALE", 0),
         elut_ptr=elut, NF4_LUT=elut is not None, tab_ptr=silu_table(gate.dtype, gate.device) if silu == 2 else None,
-        enable_fp_fusion=False, **tile, **({"WORDS": True, "MAX16": la.max16} if la.words and tile.get("VEC16") else {}), **la.options,
+        enable_fp_fusion=False, **tile, **la.options,
+        **({"WORDS": True, "MAX16": la.max16} if la.words and tile.get("VEC16") else {}),
         **fused_maxnreg("silu_mul_quant", spec, tile, gate.device)))
 
 

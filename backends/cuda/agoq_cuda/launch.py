@@ -21,8 +21,8 @@ from agoq_triton_kernels.launch import Launch, Launcher, is_interpreted, vec16_a
 from agoq_triton_kernels.layout import next_pow2
 
 __all__ = ["Geometry", "geometry", "CudaGeometry", "VEC16_DEFAULTS", "MAXNREG", "NORM_PREFETCH", "NORM_PREFETCH_WORDS",
-           "norm_prefetch", "has_max_u16x2", "NORM_PROGRAMS_PER_SM", "norm_programs", "sm_count", "PARTIALS_ROWS", "PARTIALS_PROGRAMS_PER_SM",
-           "words_unreplicated",
+           "norm_prefetch", "has_max_u16x2", "NORM_PROGRAMS_PER_SM", "norm_programs", "sm_count", "PARTIALS_ROWS",
+           "PARTIALS_PROGRAMS_PER_SM", "words_unreplicated",
            "parse_vec16", "parse_maxnreg", "LAUNCHER", "quantize", "dequantize", "accumulate", "reduce_requantize",
            "is_interpreted"]
 

@@ -106,8 +106,8 @@ def test_bf16_input(fmt, launched, device):
         assert_bits_equal(codes.cpu(), acc_c, "accumulated codes")
         assert_bits_equal(scales.cpu(), acc_s, "accumulated scales")
     assert launched and all(_seen(launched, "VEC16"))
-    assert _seen(launched, "WORDS") == [True] * (1 if spec.tensor_scaled else 2)  # quantize (and accumulate): the default tiles give
-    # every thread its own 16 elements
+    # quantize (and accumulate): the default tiles give every thread its own 16 elements
+    assert _seen(launched, "WORDS") == [True] * (1 if spec.tensor_scaled else 2)
 
 
 def _peak_blocks(block: int, seed: int) -> torch.Tensor:
