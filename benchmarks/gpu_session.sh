@@ -4,7 +4,7 @@
 # Stages: conformance, laaq, quangrad, laaq-fusion, fusion, codecs, torchtitan, equal-memory, equal-memory-m,
 # layer-profile-64k, layer-profile-qc32k, policy-80, longest, laaq-16k, layer-profile-fp8, float8-m, float8-80, float8-ce, liger, layer-profile-fp8-64k, float8-80-64k, float8-64k, cells, integrations, grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host,
 # dequant-tiles, norm-fusion, train-split-c, train-profile, train-profile-c, layer-host, train-alone, ab-codecs, maxnreg, layer-profile, ncu-norm,
-# norm-prefetch16, absmax, qg-profile, nvfp4-norm-probe, layer-profile-128k. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
+# norm-prefetch16, absmax, qg-profile, nvfp4-norm-probe, layer-profile-128k, packed-ab. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
 set -u
 source "$(dirname "$0")/gpu_env.sh"
 OUT=${OUT:-/tmp/agoq-out}; mkdir -p "$OUT"
@@ -163,6 +163,12 @@ for spec in "$@"; do
                    (cd "$d" && export PYTHONPATH= && source benchmarks/gpu_env.sh && python3 benchmarks/bench_codecs.py \
                       --formats ${AB_FORMATS:-int4 nf4 fp4_e2m1 mxfp4} ${AB_ARGS:---sizes-mib 1024 --no-sweep --bucket-log2 0 --compile-formats --deadline-s 100} \
                       --json "$OUT/ab_${i}_$tag.json" | grep -E "^(quantize|dequantize) |rmsnorm|copy of" | cut -c1-160); done') ;;
+    # the packed absmax (AGOQ_CUDA_PACKED_MAX, twenty-second session) off / on / off / on in one tree: the 1 GiB
+    # quantize rows and the fused norm of AB_FORMATS (default nf4 fp4_e2m1 mxfp4 int8), each run bit-checked
+    packed-ab) cmd=(bash -c 'i=0; for v in 0 1 0 1; do i=$((i+1)); echo "== $i: AGOQ_CUDA_PACKED_MAX=$v"
+                 AGOQ_CUDA_PACKED_MAX=$v python3 benchmarks/bench_codecs.py --formats ${AB_FORMATS:-nf4 fp4_e2m1 mxfp4 int8} \
+                   ${AB_ARGS:---sizes-mib 1024 --no-sweep --bucket-log2 0 --compile-formats --deadline-s $(( (secs - 20) / 4 ))} \
+                   --json "$OUT/packed_${i}_$v.json" | grep -E "^quantize |rmsnorm|copy of|bit-exact" | cut -c1-160; done') ;;
     # Nsight Compute on the fused RMSNorm + quantize, this tree then the base (.ab_base/, benchmarks/ab_prepare.sh),
     # for NCU_FORMATS (default mxfp4 fp4_e2m1): pipe utilisation, warp stalls, issue (the mxfp4 fused norm's 8%)
     ncu-norm) cmd=(bash -c 'for tree in new base; do d=$PWD; [ $tree = base ] && d=$PWD/.ab_base; [ -d "$d" ] || continue
