@@ -63,9 +63,9 @@ def compile_codec(op: str, fmt: str, arch: int = 90, nf4_lut: bool = True, hw: b
     c = format_constexprs(kind=spec.kind, bits=spec.bits, block=spec.block, qmax=spec.qmax,
                           scale_kind=spec.scale_kind)
     geo = CudaGeometry()
-    packed_max, geo.packed_max = geo.packed_max, False  # the plan would ask the (absent) GPU; decided by arch below
+    geo.packed_max = False  # the plan would ask the (absent) GPU; decided by arch below
     la = geo.plan(op, spec, 1 << 30, torch.bfloat16, torch.device("cuda"), rows=None, programs=132)
-    la = dataclasses.replace(la, max16=la.words and op == "quantize" and bool(packed_max) and arch >= 90)
+    la = dataclasses.replace(la, max16=la.words and op == "quantize" and _packs_max(arch))
     lut = spec.kind == "nf4" and nf4_lut
     c.update(ROWS=la.rows, BLOCK_P=la.block_p, RAGGED=False, HW=hw, NF4_LUT=lut)
     fn = {"quantize": K.quantize_kernel, "dequantize": K.dequantize_kernel, "accumulate": K.accumulate_kernel,
@@ -86,6 +86,14 @@ def compile_codec(op: str, fmt: str, arch: int = 90, nf4_lut: bool = True, hw: b
     c = {k: v for k, v in c.items() if k in fn.arg_names}
     rec = {"op": op, "fmt": fmt, "rows": la.rows, "hw": hw}
     return _compile_and_count(fn, sig, c, la.options["num_warps"], la.rows * spec.block, arch, rec)
+
+
+def _packs_max(arch: int) -> bool:
+    """CudaGeometry.packs_max for an sm_``arch`` GPU that is not here: on only with AGOQ_CUDA_PACKED_MAX=1 (its
+    default, auto, keeps GPUs off until one has run it) and sm_90+."""
+    from agoq_cuda.launch import CudaGeometry
+
+    return CudaGeometry().packed_max is True and arch >= 90
 
 
 def _compile_and_count(fn, sig: dict, c: dict, warps: int, elems: int, arch: int, rec: dict,
@@ -161,7 +169,7 @@ def compile_fused(op: str, fmt: str, vec16: bool, arch: int = 90, hidden: int = 
         # (MAX16) with them, the prefetching loop on words only with MAX16
         words = bool(c["VEC16"]) and CudaGeometry().reads_words(torch.bfloat16, c["BLOCK_P"], hidden // spec.block,
                                                                 warps, torch.device("cuda"))
-        packed = words and bool(CudaGeometry().packed_max) and arch >= 90
+        packed = words and _packs_max(arch)
         c.update(WORDS=words and (not pf or (packed and fmt in NORM_PREFETCH_WORDS)), MAX16=packed)
         sig = {"x_ptr": p16, "w_ptr": p16, "y_ptr": p16, "codes_ptr": i8, "scales_ptr": p32, "M": "i32",
                "eps": "fp32", "ts_ptr": p32 if spec.tensor_scaled else "constexpr",
@@ -175,8 +183,7 @@ def compile_fused(op: str, fmt: str, vec16: bool, arch: int = 90, hidden: int = 
         if op == "silu_mul_quant":
             fn = fused_swiglu._silu_mul_quant_kernel
             c.update(SILU=fused_swiglu.FORWARD_VARIANTS["libdevice"], tab_ptr=None,
-                     WORDS=bool(la.words and c["VEC16"]), MAX16=bool(la.words and c["VEC16"]) and
-                     bool(CudaGeometry().packed_max) and arch >= 90)
+                     WORDS=bool(la.words and c["VEC16"]), MAX16=bool(la.words and c["VEC16"]) and _packs_max(arch))
             sig = {"g_ptr": p16, "u_ptr": p16, "h_ptr": p16, "gc_ptr": i8, "gs_ptr": p32, "uc_ptr": i8,
                    "us_ptr": p32, **sizes, "elut_ptr": "*i64" if lut else "constexpr"}
         elif op == "silu_mul_backward":

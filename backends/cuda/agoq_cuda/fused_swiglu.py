@@ -140,6 +140,8 @@ def _silu_mul_quant_kernel(g_ptr, u_ptr, h_ptr, gc_ptr, gs_ptr, uc_ptr, us_ptr, 
     while t < n_tiles:
         if VEC16:  # the codec kernels' 16-lane tile: a thread owns 16 consecutive elements of a block
             rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
+            gmax = None  # quantize_tile's own, unless MAX16 reads them from the words
+            umax = None
             if MAX16 and WORDS and FLOAT == 1:  # bf16 words, and each block's absmax from them (quantize's MAX16)
                 gwa, gwb = _load16_words(g_ptr, t, n_blocks, ROWS, BLOCK)
                 uwa, uwb = _load16_words(u_ptr, t, n_blocks, ROWS, BLOCK)
@@ -152,8 +154,6 @@ def _silu_mul_quant_kernel(g_ptr, u_ptr, h_ptr, gc_ptr, gs_ptr, uc_ptr, us_ptr, 
             else:
                 ga, gb = _load16_f32(g_ptr, t, n_blocks, ROWS, BLOCK, FLOAT, WORDS)  # WORDS: bf16 as int32 words
                 ua, ub = _load16_f32(u_ptr, t, n_blocks, ROWS, BLOCK, FLOAT, WORDS)
-                gmax = None
-                umax = None
             _quantize16_store(ga, gb, gc_ptr, gs_ptr, elut_ptr, rows, ok, ROWS, KIND, BITS, QMAX, BLOCK, NF4_LUT, HW,
                               SCALE, gmax)
             _quantize16_store(ua, ub, uc_ptr, us_ptr, elut_ptr, rows, ok, ROWS, KIND, BITS, QMAX, BLOCK, NF4_LUT, HW,

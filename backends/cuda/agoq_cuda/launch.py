@@ -239,9 +239,11 @@ class CudaGeometry:
                       max16=words and op == "quantize" and self.packs_max(device))
 
 
+@functools.cache
 def has_max_u16x2(device: torch.device) -> bool:
     """Whether quantize's MAX16 absmax can run on ``device``: the interpreter (plain integer ops there) or CUDA
-    sm_90+ (PTX max.u16x2; sm_80/sm_89 have no halfword-wise max and keep the per-element one)."""
+    sm_90+ (PTX max.u16x2; sm_80/sm_89 have no halfword-wise max and keep the per-element one). Cached: the fused
+    norm asks on every launch."""
     if device.type == "cpu":
         return True
     return device.type == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (9, 0)

@@ -188,11 +188,13 @@ def test_packed_absmax_only_for_quantize_words(monkeypatch):
     gpu = torch.device("cuda")
     for cap, has in (((8, 0), False), ((8, 9), False), ((9, 0), True), ((10, 0), True)):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, cap=cap: cap)
+        launch.has_max_u16x2.cache_clear()  # cached per device: the fused norm asks on every launch
         assert launch.has_max_u16x2(gpu) is has
         for env, on_gpu in (("", False), ("auto", False), ("1", has), ("0", False)):
             monkeypatch.setenv("AGOQ_CUDA_PACKED_MAX", env)
             geo = launch.CudaGeometry()
             assert geo.packs_max(gpu) is on_gpu and geo.packs_max(cpu) is (env != "0")
+    launch.has_max_u16x2.cache_clear()  # no answer of the faked GPUs outlives the test
     monkeypatch.setenv("AGOQ_CUDA_PACKED_MAX", "0")
     assert not plan().max16 and plan().words
     monkeypatch.setenv("AGOQ_CUDA_PACKED_MAX", "maybe")

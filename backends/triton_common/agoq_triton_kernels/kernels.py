@@ -809,19 +809,18 @@ def quantize_kernel(x_ptr, codes_ptr, scales_ptr, n, n_blocks, n_tiles,
     while t < n_tiles:
         if VEC16:
             rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
+            rowmax = None  # quantize_tile's own, unless MAX16 reads it from the words
             if MAX16 and WORDS and X_FLOAT == 1:
                 wa, wb = _load16_words(x_ptr, t, n_blocks, ROWS, BLOCK)
                 # the values before the maxima, as separate statements: passed inline as arguments, Triton 3.6 moved
                 # them through shared memory (sm_90 SASS: int4 8.56 -> 13.75 instructions per element)
                 xa = _words_f32(wa, ROWS, BLOCK)
                 xb = _words_f32(wb, ROWS, BLOCK)
-                ca, cb, scale = _quantize16(xa, xb, elut_ptr, ROWS, KIND, BITS, QMAX, BLOCK,
-                                            NF4_LUT and elut_ptr is not None, HW, SCALE, ts_ptr,
-                                            rowmax=_words_rowmax(wa, wb, ROWS, BLOCK, HW))
+                rowmax = _words_rowmax(wa, wb, ROWS, BLOCK, HW)
             else:
                 xa, xb = _load16_f32(x_ptr, t, n_blocks, ROWS, BLOCK, X_FLOAT, WORDS)
-                ca, cb, scale = _quantize16(xa, xb, elut_ptr, ROWS, KIND, BITS, QMAX, BLOCK,
-                                            NF4_LUT and elut_ptr is not None, HW, SCALE, ts_ptr)
+            ca, cb, scale = _quantize16(xa, xb, elut_ptr, ROWS, KIND, BITS, QMAX, BLOCK,
+                                        NF4_LUT and elut_ptr is not None, HW, SCALE, ts_ptr, rowmax=rowmax)
             _store_codes16(codes_ptr, ca, cb, rows, ok, ~(scale > 0.0), ROWS, KIND, BITS, BLOCK)
         else:
             rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, RAGGED)
