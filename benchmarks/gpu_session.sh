@@ -4,7 +4,7 @@
 # Stages: conformance, laaq, quangrad, laaq-fusion, fusion, codecs, torchtitan, equal-memory, equal-memory-m,
 # layer-profile-64k, layer-profile-qc32k, policy-80, longest, laaq-16k, layer-profile-fp8, float8-m, float8-80, float8-ce, liger, layer-profile-fp8-64k, float8-80-64k, float8-64k, cells, integrations, grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host,
 # dequant-tiles, norm-fusion, train-split-c, train-profile, train-profile-c, layer-host, train-alone, ab-codecs, maxnreg, layer-profile, ncu-norm,
-# norm-prefetch16, absmax, qg-profile, nvfp4-norm-probe, layer-profile-128k, packed-ab. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
+# norm-prefetch16, absmax, qg-profile, nvfp4-norm-probe, layer-profile-128k, packed-ab, norm-words-ab. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
 set -u
 source "$(dirname "$0")/gpu_env.sh"
 OUT=${OUT:-/tmp/agoq-out}; mkdir -p "$OUT"
@@ -169,6 +169,12 @@ for spec in "$@"; do
                  AGOQ_CUDA_PACKED_MAX=$v python3 benchmarks/bench_codecs.py --formats ${AB_FORMATS:-nf4 fp4_e2m1 mxfp4 int8} \
                    ${AB_ARGS:---sizes-mib 1024 --no-sweep --bucket-log2 0 --compile-formats --deadline-s $(( (secs - 20) / 4 ))} \
                    --json "$OUT/packed_${i}_$v.json" | grep -E "^quantize |rmsnorm|copy of|bit-exact" | cut -c1-160; done') ;;
+    # int4's prefetching fused norm on the 16-lane tile holding the next row as bf16 words (73 registers; 64 capped,
+    # no spill) against the int16 view (64), AGOQ_CUDA_PACKED_MAX=1, interleaved twice (~2 min; twenty-third session)
+    norm-words-ab) cmd=(bash -c 'i=0; for w in none int4 none int4; do i=$((i+1)); echo "== $i: AGOQ_CUDA_NORM_PREFETCH_WORDS=$w"
+                 AGOQ_CUDA_PACKED_MAX=1 AGOQ_CUDA_NORM_PREFETCH_WORDS=$w python3 benchmarks/sweep_norm_geometry.py --formats int4 \
+                   --tiles vec16 --prefetch 1 --warps 8 --programs-per-sm 8 --maxnreg auto rmsnorm_quant:int4:vec16=64 \
+                   ${AB_ARGS:-} --json "$OUT/norm_words_${i}_$w.json" | tail -4; done') ;;
     # Nsight Compute on the fused RMSNorm + quantize, this tree then the base (.ab_base/, benchmarks/ab_prepare.sh),
     # for NCU_FORMATS (default mxfp4 fp4_e2m1): pipe utilisation, warp stalls, issue (the mxfp4 fused norm's 8%)
     ncu-norm) cmd=(bash -c 'for tree in new base; do d=$PWD; [ $tree = base ] && d=$PWD/.ab_base; [ -d "$d" ] || continue

@@ -150,7 +150,7 @@ def compile_fused(op: str, fmt: str, vec16: bool, arch: int = 90, hidden: int = 
 
     from agoq_core.formats.spec import get_format
     from agoq_cuda import fused_norm, fused_swiglu
-    from agoq_cuda.launch import MAXNREG, NORM_PREFETCH, NORM_PREFETCH_WORDS, CudaGeometry
+    from agoq_cuda.launch import MAXNREG, NORM_PREFETCH, CudaGeometry, norm_prefetch_words
     from agoq_triton_kernels.layout import FLOAT_BF16, format_constexprs
 
     spec = get_format(fmt)
@@ -170,7 +170,7 @@ def compile_fused(op: str, fmt: str, vec16: bool, arch: int = 90, hidden: int = 
         words = bool(c["VEC16"]) and CudaGeometry().reads_words(torch.bfloat16, c["BLOCK_P"], hidden // spec.block,
                                                                 warps, torch.device("cuda"))
         packed = words and _packs_max(arch)
-        c.update(WORDS=words and (not pf or (packed and fmt in NORM_PREFETCH_WORDS)), MAX16=packed)
+        c.update(WORDS=words and (not pf or (packed and norm_prefetch_words(fmt))), MAX16=packed)
         sig = {"x_ptr": p16, "w_ptr": p16, "y_ptr": p16, "codes_ptr": i8, "scales_ptr": p32, "M": "i32",
                "eps": "fp32", "ts_ptr": p32 if spec.tensor_scaled else "constexpr",
                "elut_ptr": "*i64" if lut else "constexpr"}

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from agoq_cuda.fused_swiglu import _round  # RNE to the activation dtype, in registers
 # the plugin's geometry decides HW, the tile, the register caps and the prefetch
-from agoq_cuda.launch import LAUNCHER, NORM_PREFETCH_WORDS, fused_maxnreg, fused_vec16, norm_prefetch, norm_programs
+from agoq_cuda.launch import LAUNCHER, fused_maxnreg, fused_vec16, norm_prefetch, norm_prefetch_words, norm_programs
 from agoq_triton_kernels.buffers import check_codec_buffers, float_view
 from agoq_triton_kernels.codes import bf16_bits_to_f32
 from agoq_triton_kernels.kernels import (_load16_f32, _load16_words, _load_f32, _quantize16, _store_codes16, _store_f32,
@@ -269,11 +269,11 @@ def rmsnorm_quant_into(x: torch.Tensor, weight: torch.Tensor, eps: float, spec, 
     nprog = programs or norm_programs(spec, x.device, bool(tile), m)
     pf = norm_prefetch(spec, x.device, bool(tile)) if prefetch is None else bool(prefetch)
     extra = {} if x.device.type == "cpu" else {"num_warps": warps}
-    if not pf:  # the caps were timed without the prefetch; with it fp4's cap spills (codec_isa)
-        extra.update(fused_maxnreg("rmsnorm_quant", spec, tile, x.device))
+    # the table's caps were timed without the prefetch (with it fp4's spills, codec_isa); AGOQ_CUDA_MAXNREG's own apply
+    extra.update(fused_maxnreg("rmsnorm_quant", spec, tile, x.device, table=not pf))
     words = bool(tile) and LAUNCHER.geometry.reads_words(x.dtype, c["BLOCK_P"], h // spec.block, warps, x.device)
     packed = words and LAUNCHER.geometry.packs_max(x.device)
-    if words and (not pf or (packed and spec.name in NORM_PREFETCH_WORDS)):  # bf16 read as int32 words, as the
+    if words and (not pf or (packed and norm_prefetch_words(spec.name))):  # bf16 read as int32 words, as the
         tile = {**tile, "WORDS": True, "MAX16": packed}  # codec tiles, the absmax from them (MAX16) where it can
     elut = LAUNCHER.encode_table(spec, x.device)  # NF4: the bucket table (one gather per element), as the codec kernels
     LAUNCHER.launch(_rmsnorm_quant_kernel, max(1, nprog), (

@@ -21,7 +21,7 @@ from agoq_triton_kernels.launch import Launch, Launcher, is_interpreted, vec16_a
 from agoq_triton_kernels.layout import next_pow2
 
 __all__ = ["Geometry", "geometry", "CudaGeometry", "VEC16_DEFAULTS", "MAXNREG", "NORM_PREFETCH", "NORM_PREFETCH_WORDS",
-           "norm_prefetch", "has_max_u16x2", "NORM_PROGRAMS_PER_SM", "norm_programs", "sm_count", "PARTIALS_ROWS",
+           "norm_prefetch_words", "norm_prefetch", "has_max_u16x2", "NORM_PROGRAMS_PER_SM", "norm_programs", "sm_count", "PARTIALS_ROWS",
            "PARTIALS_PROGRAMS_PER_SM", "words_unreplicated",
            "parse_vec16", "parse_maxnreg", "LAUNCHER", "quantize", "dequantize", "accumulate", "reduce_requantize",
            "is_interpreted"]
@@ -308,6 +308,30 @@ NORM_PREFETCH: dict[bool, frozenset[str]] = {
 NORM_PREFETCH_WORDS: frozenset[str] = frozenset({"nf4", "fp4_e2m1", "mxfp4"})
 
 
+@functools.cache
+def _parse_prefetch_words(text: str) -> frozenset[str]:
+    text = text.strip().lower()
+    if text in ("", "auto", "default"):
+        return NORM_PREFETCH_WORDS
+    if text in ("none", "0", "off"):
+        return frozenset()
+    from agoq_core.formats import list_formats
+    known = {s.name for s in list_formats(microscaling=True)}
+    names = frozenset(filter(None, (t.strip() for t in text.split(","))))
+    if not names <= known:
+        raise ValueError(f"AGOQ_CUDA_NORM_PREFETCH_WORDS: unknown format(s) {sorted(names - known)}; want auto, none "
+                         f"or a comma-separated list of {sorted(known)}")
+    return names
+
+
+def norm_prefetch_words(name: str) -> bool:
+    """Whether the prefetching fused norm on the 16-lane tile holds the next row as bf16 words for the format
+    ``name`` (where MAX16 is on): AGOQ_CUDA_NORM_PREFETCH_WORDS, a comma-separated list of formats or ``none``;
+    ``auto`` / unset: :data:`NORM_PREFETCH_WORDS`. For timing int4's words form on a GPU (gpu_session's
+    ``norm-words-ab``); the bits never change."""
+    return name in _parse_prefetch_words(os.environ.get("AGOQ_CUDA_NORM_PREFETCH_WORDS", ""))
+
+
 #: Persistent programs per SM of the fused RMSNorm + quantize, per (format, 16-lane tile); the rest take
 #: NORM_PROGRAMS_PER_SM_DEFAULT. nf4 on the 16-lane tile (its default, prefetching, 8 warps, 16384 x 4096 bf16), H100:
 #: 8 per SM 127.8 / 126.6 us, 16 per SM 123.1 / 123.2 us (2026-12-06 and 2026-12-07, benchmarks/sweep_norm_geometry.py;
@@ -364,12 +388,17 @@ def parse_maxnreg(text: str | None) -> Mapping[tuple[str, str, bool], int]:
     return MappingProxyType(caps)  # cached: callers share it
 
 
-def fused_maxnreg(op: str, spec, tile: dict, device) -> dict:
+def fused_maxnreg(op: str, spec, tile: dict, device, *, table: bool = True) -> dict:
     """{"maxnreg": N} for a fused launch of ``op`` on the tile ``tile`` (fused_vec16's answer) where the caps in
-    force (:func:`parse_maxnreg` of AGOQ_CUDA_MAXNREG; default MAXNREG) cap it on a GPU; else {}."""
+    force (:func:`parse_maxnreg` of AGOQ_CUDA_MAXNREG; default MAXNREG) cap it on a GPU; else {}. ``table=False``
+    (the prefetching norm, whose loop the table's caps were not timed with): only a cap that AGOQ_CUDA_MAXNREG
+    sets itself, not one it keeps from MAXNREG."""
     if device.type == "cpu":
         return {}
-    cap = parse_maxnreg(os.environ.get("AGOQ_CUDA_MAXNREG")).get((op, spec.name, bool(tile)))
+    key = (op, spec.name, bool(tile))
+    cap = parse_maxnreg(os.environ.get("AGOQ_CUDA_MAXNREG")).get(key)
+    if not table and cap == MAXNREG.get(key):
+        cap = None
     return {"maxnreg": cap} if cap else {}
 
 

@@ -76,10 +76,11 @@ def test_prefetch_changes_no_bit(fmt, dtype, programs, vec16, device):
         assert (other[3] > 0).all()  # every row written
 
 
-@pytest.mark.parametrize("fmt,prefetch", [("int8", False), ("int5", False), ("fp8_e4m3", False), ("int4", False),
-                                          ("int4", True), ("nf4", True), ("mxfp4", True)])
+@pytest.mark.parametrize("fmt,prefetch,pf_words", [
+    ("int8", False, ""), ("int5", False, ""), ("fp8_e4m3", False, ""), ("int4", False, ""), ("int4", True, ""),
+    ("int4", True, "int4"), ("nf4", True, ""), ("mxfp4", True, "")])
 @pytest.mark.parametrize("h", [256, 2048, 4096])
-def test_bf16_words_change_no_bit(fmt, prefetch, h, device, monkeypatch):
+def test_bf16_words_change_no_bit(fmt, prefetch, pf_words, h, device, monkeypatch):
     """The 16-lane tile reads bf16 x as int32 words (kernels._load16_words) wherever every thread owns its own 16
     elements (launch.words_unreplicated: 2,048 and 4,096 columns on a GPU; not 256, whose 16 groups are fewer than
     the 128 threads: that tile gave wrong codes on an H100 with word loads, docs/bench/codecs.md), and takes the block
@@ -87,7 +88,9 @@ def test_bf16_words_change_no_bit(fmt, prefetch, h, device, monkeypatch):
     with MAX16. Every output equals the int16 view's bit for bit, and the codes and scales the reference's, with an
     outlier, a non-finite block and an all-zero block among the rows."""
     import agoq_cuda.fused_norm as fn
-    from agoq_cuda.launch import NORM_PREFETCH_WORDS, words_unreplicated
+    from agoq_cuda.launch import norm_prefetch_words, words_unreplicated
+
+    monkeypatch.setenv("AGOQ_CUDA_NORM_PREFETCH_WORDS", pf_words)  # "": the table; "int4": its opt-in words loop
 
     seen = []
     launch = fn.LAUNCHER.launch
@@ -118,7 +121,7 @@ def test_bf16_words_change_no_bit(fmt, prefetch, h, device, monkeypatch):
     owned = words_unreplicated(spec.block, h // spec.block, warps, torch.device(device))
     assert owned == (device.type == "cpu" or h >= 2048)
     packed = owned and fn.LAUNCHER.geometry.packs_max(torch.device(device))
-    words = owned and (not prefetch or (packed and fmt in NORM_PREFETCH_WORDS))
+    words = owned and (not prefetch or (packed and norm_prefetch_words(fmt)))
     assert seen == [(words, words and packed), (False, False)]
     want_c, want_s = ref.quantize_blocks(x, spec)
     assert_bits_equal(outs[0][1], want_c, "codes")

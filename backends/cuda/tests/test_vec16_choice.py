@@ -45,6 +45,9 @@ def test_register_caps_env(monkeypatch):
     assert fused_maxnreg(op, get_format(fmt), tile, gpu) == {"maxnreg": cap}
     assert fused_maxnreg(op, get_format(fmt), tile, cpu) == {}
     assert fused_maxnreg(op, get_format(fmt), {} if vec16 else {"VEC16": True}, gpu) == {}  # the other tile
+    assert fused_maxnreg(op, get_format(fmt), tile, gpu, table=False) == {}  # a prefetching norm: not the table's
+    monkeypatch.setenv("AGOQ_CUDA_MAXNREG", f"{op}:{fmt}={cap + 8}")
+    assert fused_maxnreg(op, get_format(fmt), tile, gpu, table=False) == {"maxnreg": cap + 8}  # but one asked for
     monkeypatch.setenv("AGOQ_CUDA_MAXNREG", "off")
     assert fused_maxnreg(op, get_format(fmt), tile, gpu) == {}
     monkeypatch.setenv("AGOQ_CUDA_MAXNREG", "silu_mul_backward:nf4:vec16=64")
@@ -52,6 +55,23 @@ def test_register_caps_env(monkeypatch):
     monkeypatch.setenv("AGOQ_CUDA_MAXNREG", "silu_mul_backward:nf4:vec16")
     with pytest.raises(ValueError, match="AGOQ_CUDA_MAXNREG"):
         fused_maxnreg("silu_mul_backward", get_format("nf4"), {"VEC16": True}, gpu)
+
+
+def test_norm_prefetch_words_env(monkeypatch):
+    """AGOQ_CUDA_NORM_PREFETCH_WORDS: NORM_PREFETCH_WORDS by default, a list of formats, none; a name that is not a
+    format is an error, not a silent no-op."""
+    from agoq_cuda.launch import NORM_PREFETCH_WORDS, _parse_prefetch_words, norm_prefetch_words
+
+    assert NORM_PREFETCH_WORDS and all(norm_prefetch_words(f) for f in NORM_PREFETCH_WORDS)
+    assert not norm_prefetch_words("int4")
+    monkeypatch.setenv("AGOQ_CUDA_NORM_PREFETCH_WORDS", "int4, nf4")
+    assert norm_prefetch_words("int4") and norm_prefetch_words("nf4") and not norm_prefetch_words("mxfp4")
+    monkeypatch.setenv("AGOQ_CUDA_NORM_PREFETCH_WORDS", "none")
+    assert not any(norm_prefetch_words(f) for f in NORM_PREFETCH_WORDS)
+    assert _parse_prefetch_words("auto") == _parse_prefetch_words("") == NORM_PREFETCH_WORDS
+    monkeypatch.setenv("AGOQ_CUDA_NORM_PREFETCH_WORDS", "int4,nf5")
+    with pytest.raises(ValueError, match="AGOQ_CUDA_NORM_PREFETCH_WORDS.*nf5"):
+        norm_prefetch_words("int4")
 
 
 def _vec16(geo, op, fmt):
