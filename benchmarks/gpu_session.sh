@@ -165,7 +165,7 @@ for spec in "$@"; do
                       --json "$OUT/ab_${i}_$tag.json" | grep -E "^(quantize|dequantize) |rmsnorm|copy of" | cut -c1-160); done') ;;
     # the packed absmax (AGOQ_CUDA_PACKED_MAX, twenty-second session) off / on / off / on in one tree: the 1 GiB
     # quantize rows and the fused norm of AB_FORMATS (default nf4 fp4_e2m1 mxfp4 int8), each run bit-checked
-    packed-ab) cmd=(bash -c 'i=0; for v in 0 1 0 1; do i=$((i+1)); echo "== $i: AGOQ_CUDA_PACKED_MAX=$v"
+    packed-ab) cmd=(env secs=$secs bash -c 'i=0; for v in 0 1 0 1; do i=$((i+1)); echo "== $i: AGOQ_CUDA_PACKED_MAX=$v"
                  AGOQ_CUDA_PACKED_MAX=$v python3 benchmarks/bench_codecs.py --formats ${AB_FORMATS:-nf4 fp4_e2m1 mxfp4 int8} \
                    ${AB_ARGS:---sizes-mib 1024 --no-sweep --bucket-log2 0 --compile-formats --deadline-s $(( (secs - 20) / 4 ))} \
                    --json "$OUT/packed_${i}_$v.json" | grep -E "^quantize |rmsnorm|copy of|bit-exact" | cut -c1-160; done') ;;

@@ -89,11 +89,10 @@ def compile_codec(op: str, fmt: str, arch: int = 90, nf4_lut: bool = True, hw: b
 
 
 def _packs_max(arch: int) -> bool:
-    """CudaGeometry.packs_max for an sm_``arch`` GPU that is not here: on only with AGOQ_CUDA_PACKED_MAX=1 (its
-    default, auto, keeps GPUs off until one has run it) and sm_90+."""
+    """CudaGeometry.packs_max for an sm_``arch`` GPU that is not here: sm_90+, unless AGOQ_CUDA_PACKED_MAX=0."""
     from agoq_cuda.launch import CudaGeometry
 
-    return CudaGeometry().packed_max is True and arch >= 90
+    return CudaGeometry().packed_max and arch >= 90
 
 
 def _compile_and_count(fn, sig: dict, c: dict, warps: int, elems: int, arch: int, rec: dict,

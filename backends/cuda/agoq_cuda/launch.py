@@ -175,18 +175,16 @@ class CudaGeometry:
         # 0.5-0.8 fewer instructions per element. AGOQ_CUDA_BF16_WORDS=0 reads them through the int16 view.
         self.bf16_words = _flag("AGOQ_CUDA_BF16_WORDS", True)
         # with the words, quantize's block absmax two magnitudes per integer max (kernels.MAX16, sm_90 max.u16x2):
-        # sm_90 SASS 0.7 fewer instructions per element. AGOQ_CUDA_PACKED_MAX: 1 on, 0 off, auto (None) packs_max's
-        v = os.environ.get("AGOQ_CUDA_PACKED_MAX", "").strip().lower()
-        self.packed_max = None if v in ("", "default", "auto") else _flag("AGOQ_CUDA_PACKED_MAX", True)
+        # sm_90 SASS 0.7 fewer instructions per element. AGOQ_CUDA_PACKED_MAX=0 keeps the per-element max.
+        self.packed_max = _flag("AGOQ_CUDA_PACKED_MAX", True)
 
     def packs_max(self, device: torch.device) -> bool:
         """Whether the 16-lane kernels that read bf16 words on ``device`` take each block's absmax from the words
-        (kernels.MAX16): AGOQ_CUDA_PACKED_MAX=1 wherever the device has a halfword-wise max (:func:`has_max_u16x2`),
-        0 nowhere; auto (the default) in the interpreter only, until a GPU has run the sm_90 form (written on
-        2026-12-07 without one: docs/bench/codecs.md, twenty-second session)."""
-        if not has_max_u16x2(device):
-            return False
-        return device.type == "cpu" if self.packed_max is None else self.packed_max
+        (kernels.MAX16, with the fused norm's paired rounding): wherever the device has a halfword-wise max
+        (:func:`has_max_u16x2`: the interpreter, sm_90+) unless AGOQ_CUDA_PACKED_MAX=0. On by default since an H100
+        passed the GPU kernel tests and the conformance suite with it (2026-12-07, docs/bench/codecs.md,
+        twenty-third session)."""
+        return self.packed_max and has_max_u16x2(device)
 
     def reads_words(self, io_dtype: torch.dtype, block_p: int, rows: int, warps: int, device: torch.device) -> bool:
         """Whether a 16-lane tile of ``rows`` blocks reads its ``io_dtype`` input as int32 words (``WORDS``): bf16,
@@ -302,10 +300,11 @@ NORM_PREFETCH: dict[bool, frozenset[str]] = {
 #: Formats whose prefetching fused norm on the 16-lane tile holds the next token row as bf16 words, with the block
 #: absmax from them (MAX16; without MAX16 the prefetching loop keeps the int16 view). sm_90 SASS per element and
 #: registers (codec_isa, twenty-second session): nf4 26.25 -> 25.00 (80 registers both), fp4_e2m1 26.62 -> 25.19
-#: (79 -> 77), mxfp4 27.12 -> 24.94 (79 -> 80). Not int4: 21.94 -> 19.44 but 64 -> 73 registers (a program fewer per
-#: SM; capped at 64 it spills nothing and counts 19.81), left on the int16 view until a GPU times it. Not timed on a
-#: GPU yet.
-NORM_PREFETCH_WORDS: frozenset[str] = frozenset({"nf4", "fp4_e2m1", "mxfp4"})
+#: (79 -> 77), mxfp4 27.12 -> 24.94 (79 -> 80), int4 21.94 -> 19.44 (64 -> 73). H100, 16384 x 4096, 8 warps, 8
+#: programs per SM, interleaved twice (2026-12-07, twenty-third session, gpu_session's norm-words-ab): int4 on this
+#: tile 124.1-124.9 us on the int16 view, 112.6 us on words uncapped, 112.9-113.0 capped at 64 registers (so no cap);
+#: nf4, its default tile, 120.1 / 120.9 -> 116.1 / 115.4 us with MAX16 and the paired rounding (norm-fusion).
+NORM_PREFETCH_WORDS: frozenset[str] = frozenset({"nf4", "fp4_e2m1", "mxfp4", "int4"})
 
 
 @functools.cache

@@ -78,7 +78,7 @@ def test_prefetch_changes_no_bit(fmt, dtype, programs, vec16, device):
 
 @pytest.mark.parametrize("fmt,prefetch,pf_words", [
     ("int8", False, ""), ("int5", False, ""), ("fp8_e4m3", False, ""), ("int4", False, ""), ("int4", True, ""),
-    ("int4", True, "int4"), ("nf4", True, ""), ("mxfp4", True, "")])
+    ("int4", True, "none"), ("nf4", True, ""), ("mxfp4", True, "")])
 @pytest.mark.parametrize("h", [256, 2048, 4096])
 def test_bf16_words_change_no_bit(fmt, prefetch, pf_words, h, device, monkeypatch):
     """The 16-lane tile reads bf16 x as int32 words (kernels._load16_words) wherever every thread owns its own 16
@@ -90,7 +90,7 @@ def test_bf16_words_change_no_bit(fmt, prefetch, pf_words, h, device, monkeypatc
     import agoq_cuda.fused_norm as fn
     from agoq_cuda.launch import norm_prefetch_words, words_unreplicated
 
-    monkeypatch.setenv("AGOQ_CUDA_NORM_PREFETCH_WORDS", pf_words)  # "": the table; "int4": its opt-in words loop
+    monkeypatch.setenv("AGOQ_CUDA_NORM_PREFETCH_WORDS", pf_words)  # "": the table; "none": the int16 view
 
     seen = []
     launch = fn.LAUNCHER.launch

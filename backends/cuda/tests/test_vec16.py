@@ -172,8 +172,7 @@ def test_words_only_where_every_thread_owns_its_elements(monkeypatch):
 def test_packed_absmax_only_for_quantize_words(monkeypatch):
     """Launch.max16 (quantize's absmax on the words' halves, kernels.MAX16) rides on the words, for quantize only,
     where the device has a halfword-wise max: the interpreter, and on a GPU sm_90+ (max.u16x2; none on sm_80 /
-    sm_89). By default (auto) only in the interpreter until a GPU has run it; AGOQ_CUDA_PACKED_MAX=1 turns it on on
-    the GPUs that have it, 0 off everywhere."""
+    sm_89). On by default (unset, auto or 1) wherever the device has it; AGOQ_CUDA_PACKED_MAX=0 off everywhere."""
     spec = get_format("int4")
     cpu = torch.device("cpu")
 
@@ -190,7 +189,7 @@ def test_packed_absmax_only_for_quantize_words(monkeypatch):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, cap=cap: cap)
         launch.has_max_u16x2.cache_clear()  # cached per device: the fused norm asks on every launch
         assert launch.has_max_u16x2(gpu) is has
-        for env, on_gpu in (("", False), ("auto", False), ("1", has), ("0", False)):
+        for env, on_gpu in (("", has), ("auto", has), ("1", has), ("0", False)):
             monkeypatch.setenv("AGOQ_CUDA_PACKED_MAX", env)
             geo = launch.CudaGeometry()
             assert geo.packs_max(gpu) is on_gpu and geo.packs_max(cpu) is (env != "0")

@@ -63,9 +63,9 @@ def test_norm_prefetch_words_env(monkeypatch):
     from agoq_cuda.launch import NORM_PREFETCH_WORDS, _parse_prefetch_words, norm_prefetch_words
 
     assert NORM_PREFETCH_WORDS and all(norm_prefetch_words(f) for f in NORM_PREFETCH_WORDS)
-    assert not norm_prefetch_words("int4")
-    monkeypatch.setenv("AGOQ_CUDA_NORM_PREFETCH_WORDS", "int4, nf4")
-    assert norm_prefetch_words("int4") and norm_prefetch_words("nf4") and not norm_prefetch_words("mxfp4")
+    assert not norm_prefetch_words("int8")  # int8 does not prefetch (NORM_PREFETCH)
+    monkeypatch.setenv("AGOQ_CUDA_NORM_PREFETCH_WORDS", "int8, nf4")
+    assert norm_prefetch_words("int8") and norm_prefetch_words("nf4") and not norm_prefetch_words("mxfp4")
     monkeypatch.setenv("AGOQ_CUDA_NORM_PREFETCH_WORDS", "none")
     assert not any(norm_prefetch_words(f) for f in NORM_PREFETCH_WORDS)
     assert _parse_prefetch_words("auto") == _parse_prefetch_words("") == NORM_PREFETCH_WORDS
