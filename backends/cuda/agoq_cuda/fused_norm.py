@@ -203,8 +203,8 @@ def _rmsnorm_quant_kernel(x_ptr, w_ptr, y_ptr, codes_ptr, scales_ptr, M, eps, ts
         if WRITE_R == 1:  # the per-row inverse RMS, for LAAQ's run-time check (agoq_core.laaq.fusion)
             tl.store(r_ptr + t, r)
         if VEC16:
-            # x * r rounded a pair per instruction where x came as words (MAX16's gate: sm_90 forms not yet run on a
-            # GPU); on the int16 view the pairing costs more than it saves (codec_isa)
+            # x * r rounded a pair per instruction where x came as words (MAX16's gate: its sm_90 forms passed the
+            # GPU tests together on an H100); on the int16 view the pairing costs more than it saves (codec_isa)
             ha, hb = _round_pair(xa * r, xb * r, FLOAT, HW, MAX16 and WORDS)
             _store_f32(y_ptr, off, wa * ha, m, FLOAT, HW)
             _store_f32(y_ptr, off + 8, wb * hb, m, FLOAT, HW)

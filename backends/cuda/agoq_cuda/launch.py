@@ -21,8 +21,8 @@ from agoq_triton_kernels.launch import Launch, Launcher, is_interpreted, vec16_a
 from agoq_triton_kernels.layout import next_pow2
 
 __all__ = ["Geometry", "geometry", "CudaGeometry", "VEC16_DEFAULTS", "MAXNREG", "NORM_PREFETCH", "NORM_PREFETCH_WORDS",
-           "norm_prefetch_words", "norm_prefetch", "has_max_u16x2", "NORM_PROGRAMS_PER_SM", "norm_programs", "sm_count", "PARTIALS_ROWS",
-           "PARTIALS_PROGRAMS_PER_SM", "words_unreplicated",
+           "norm_prefetch_words", "norm_prefetch", "has_max_u16x2", "NORM_PROGRAMS_PER_SM", "norm_programs", "sm_count",
+           "PARTIALS_ROWS", "PARTIALS_PROGRAMS_PER_SM", "words_unreplicated",
            "parse_vec16", "parse_maxnreg", "LAUNCHER", "quantize", "dequantize", "accumulate", "reduce_requantize",
            "is_interpreted"]
 
@@ -326,8 +326,8 @@ def _parse_prefetch_words(text: str) -> frozenset[str]:
 def norm_prefetch_words(name: str) -> bool:
     """Whether the prefetching fused norm on the 16-lane tile holds the next row as bf16 words for the format
     ``name`` (where MAX16 is on): AGOQ_CUDA_NORM_PREFETCH_WORDS, a comma-separated list of formats or ``none``;
-    ``auto`` / unset: :data:`NORM_PREFETCH_WORDS`. For timing int4's words form on a GPU (gpu_session's
-    ``norm-words-ab``); the bits never change."""
+    ``auto`` / unset: :data:`NORM_PREFETCH_WORDS`. For timing the words loop against the int16 view on a GPU
+    (gpu_session's ``norm-words-ab``); the bits never change."""
     return name in _parse_prefetch_words(os.environ.get("AGOQ_CUDA_NORM_PREFETCH_WORDS", ""))
 
 
