@@ -149,7 +149,7 @@ def compile_fused(op: str, fmt: str, vec16: bool, arch: int = 90, hidden: int = 
 
     from agoq_core.formats.spec import get_format
     from agoq_cuda import fused_norm, fused_swiglu
-    from agoq_cuda.launch import MAXNREG, NORM_PREFETCH, CudaGeometry, norm_prefetch_words
+    from agoq_cuda.launch import MAXNREG, NORM_PREFETCH, CudaGeometry, backward_pairs, norm_prefetch_words
     from agoq_triton_kernels.layout import FLOAT_BF16, format_constexprs
 
     spec = get_format(fmt)
@@ -188,7 +188,7 @@ def compile_fused(op: str, fmt: str, vec16: bool, arch: int = 90, hidden: int = 
         elif op == "silu_mul_backward":
             fn = fused_swiglu._silu_mul_backward_kernel
             silu, sig_, fma = fused_swiglu.BACKWARD_VARIANTS["table_fma"]
-            c.update(SILU=silu, SIG=sig_, FMA=fma)
+            c.update(SILU=silu, SIG=sig_, FMA=fma, PAIRED=bool(c["VEC16"]) and backward_pairs(fmt))
             sig = {"dh_ptr": p16, "gc_ptr": i8, "gs_ptr": p32, "uc_ptr": i8, "us_ptr": p32, "lut_ptr": p32,
                    "tab_ptr": p32, "sig_ptr": p32, "h_ptr": p16, "dg_ptr": p16, "du_ptr": p16, **sizes}
         else:

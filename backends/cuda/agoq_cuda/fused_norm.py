@@ -21,11 +21,11 @@ import torch
 import triton
 import triton.language as tl
 
-from agoq_cuda.fused_swiglu import _round  # RNE to the activation dtype, in registers
+from agoq_cuda.fused_swiglu import _round, _round_pair  # RNE to the activation dtype, in registers
 # the plugin's geometry decides HW, the tile, the register caps and the prefetch
 from agoq_cuda.launch import LAUNCHER, fused_maxnreg, fused_vec16, norm_prefetch, norm_prefetch_words, norm_programs
 from agoq_triton_kernels.buffers import check_codec_buffers, float_view
-from agoq_triton_kernels.codes import bf16_bits_to_f32, f32_to_bf16_bits
+from agoq_triton_kernels.codes import bf16_bits_to_f32
 from agoq_triton_kernels.kernels import (_load16_f32, _load16_words, _load_f32, _quantize16, _store_codes16, _store_f32,
                                          _tile16, _words_f32, _words_rowmax,
                                          quantize_tile, store_codes)
@@ -92,31 +92,6 @@ def _widen(raw, FLOAT: tl.constexpr):
         return bf16_bits_to_f32(raw)
     else:
         return raw.to(tl.float32)
-
-
-@triton.jit
-def _cvt_bf16x2(a, b):
-    """The word (bf16(b) << 16) | bf16(a), each rounded to nearest even: PTX cvt.rn.bf16x2.f32 (its first source
-    goes to the upper half), one F2FP for two values where x.to(tl.bfloat16) is one F2F each."""
-    return tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [a, b], dtype=tl.int32,
-                                     is_pure=True, pack=1)
-
-
-@triton.jit
-def _round_pair(a, b, FLOAT: tl.constexpr, HW: tl.constexpr, PAIRED: tl.constexpr):
-    """_round of two same-shaped tensors (a 16-lane tile's halves). PAIRED (bf16): both rounded into one word per
-    pair (HW: one cvt.rn.bf16x2; else the integer RNE), then widened back as the word loads widen (even: << 16,
-    odd: the upper half): the same bits as _round's, in 1.5 instructions per element where the tile read its input
-    as words (sm_90 SASS, codec_isa: 0.5 fewer per element in the fused norm; on the int16 view ptxas does worse;
-    in the SiLU&Mul forward 0.25-1.4 fewer but 56-64 -> 72-80 registers, so not used there)."""
-    if PAIRED and FLOAT == 1:
-        if HW:
-            d = _cvt_bf16x2(a, b)
-        else:
-            d = (f32_to_bf16_bits(b) << 16) | f32_to_bf16_bits(a)
-        return (d << 16).to(tl.float32, bitcast=True), (d & -65536).to(tl.float32, bitcast=True)
-    else:
-        return _round(a, FLOAT, HW), _round(b, FLOAT, HW)
 
 
 @triton.jit

@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from agoq_cuda.launch import LAUNCHER, fused_maxnreg, fused_vec16
+from agoq_cuda.launch import LAUNCHER, backward_pairs, fused_maxnreg, fused_vec16
 from agoq_triton_kernels.buffers import check_codec_buffers, float_view
 from agoq_triton_kernels.codes import bf16_bits_to_f32, f32_to_bf16_bits
 from agoq_triton_kernels.kernels import (_dequantize16, _load16_f32, _load16_words, _load_f32, _quantize16,
@@ -86,6 +86,32 @@ def _round(x, FLOAT: tl.constexpr, HW: tl.constexpr = False):
         return x.to(tl.float16).to(tl.float32)
     else:
         return x
+
+
+@triton.jit
+def _cvt_bf16x2(a, b):
+    """The word (bf16(b) << 16) | bf16(a), each rounded to nearest even: PTX cvt.rn.bf16x2.f32 (its first source
+    goes to the upper half), one F2FP for two values where x.to(tl.bfloat16) is one F2F each."""
+    return tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [a, b], dtype=tl.int32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def _round_pair(a, b, FLOAT: tl.constexpr, HW: tl.constexpr, PAIRED: tl.constexpr):
+    """_round of two same-shaped tensors (a 16-lane tile's halves). PAIRED (bf16): both rounded into one word per
+    pair (HW: one cvt.rn.bf16x2; else the integer RNE), then widened back as the word loads widen (even: << 16,
+    odd: the upper half): the same bits as _round's. Used where sm_90 SASS showed a gain (codec_isa): the fused
+    norm where its tile read x as words (0.5 fewer per element; on the int16 view ptxas does worse) and the 16-lane
+    SiLU&Mul backward of launch.BACKWARD_PAIRED_ROUNDING; not the SiLU&Mul forward (0.25-1.4 fewer, but 56-64 ->
+    72-80 registers)."""
+    if PAIRED and FLOAT == 1:
+        if HW:
+            d = _cvt_bf16x2(a, b)
+        else:
+            d = (f32_to_bf16_bits(b) << 16) | f32_to_bf16_bits(a)
+        return (d << 16).to(tl.float32, bitcast=True), (d & -65536).to(tl.float32, bitcast=True)
+    else:
+        return _round(a, FLOAT, HW), _round(b, FLOAT, HW)
 
 
 @triton.jit
@@ -202,17 +228,18 @@ def _silu_mul_backward_kernel(dh_ptr, gc_ptr, gs_ptr, uc_ptr, us_ptr, lut_ptr, t
                               n, n_blocks, n_tiles, KIND: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
                               BLOCK_P: tl.constexpr, ROWS: tl.constexpr, FLOAT: tl.constexpr, HW: tl.constexpr,
                               NF4_LUT: tl.constexpr, SILU: tl.constexpr, SIG: tl.constexpr, FMA: tl.constexpr,
-                              VEC16: tl.constexpr = False):
+                              VEC16: tl.constexpr = False, PAIRED: tl.constexpr = False):
     t = tl.program_id(0)
     while t < n_tiles:
         if VEC16:  # codes read as words and unpacked in registers (kernels._dequantize16)
             rows, ok, off, m = _tile16(t, n_blocks, ROWS, BLOCK)
             ga, gb = _dequantize16(gc_ptr, gs_ptr, lut_ptr, rows, ok, off, ROWS, KIND, BITS, BLOCK, NF4_LUT, HW)
             ua, ub = _dequantize16(uc_ptr, us_ptr, lut_ptr, rows, ok, off, ROWS, KIND, BITS, BLOCK, NF4_LUT, HW)
-            _backward_elems(dh_ptr, h_ptr, dg_ptr, du_ptr, off, m, _round(ga, FLOAT, HW), _round(ua, FLOAT, HW),
-                            tab_ptr, sig_ptr, FLOAT, HW, SILU, SIG, FMA)
-            _backward_elems(dh_ptr, h_ptr, dg_ptr, du_ptr, off + 8, m, _round(gb, FLOAT, HW), _round(ub, FLOAT, HW),
-                            tab_ptr, sig_ptr, FLOAT, HW, SILU, SIG, FMA)
+            ga, gb = _round_pair(ga, gb, FLOAT, HW, PAIRED)  # the decoded values in the activation dtype
+            ua, ub = _round_pair(ua, ub, FLOAT, HW, PAIRED)
+            _backward_elems(dh_ptr, h_ptr, dg_ptr, du_ptr, off, m, ga, ua, tab_ptr, sig_ptr, FLOAT, HW, SILU, SIG, FMA)
+            _backward_elems(dh_ptr, h_ptr, dg_ptr, du_ptr, off + 8, m, gb, ub, tab_ptr, sig_ptr, FLOAT, HW, SILU, SIG,
+                            FMA)
         else:
             rows, ok, elem, emask = _tile(t, n, n_blocks, ROWS, BLOCK, BLOCK_P, False)
             g = _round(dequantize_tile(gc_ptr, gs_ptr, lut_ptr, rows, ok, elem, emask, n, ROWS, KIND, BITS, BLOCK,
@@ -350,5 +377,5 @@ def silu_mul_backward_into(dh: torch.Tensor, gate_codes: torch.Tensor, gate_scal
         silu_table(dh.dtype, dh.device) if silu == 2 else None, sig_t, *outs, n, spec.num_blocks(n), la.n_tiles), dict(
         KIND=c["KIND"], BITS=c["BITS"], BLOCK=c["BLOCK"],
         BLOCK_P=la.block_p, ROWS=la.rows, FLOAT=fk, HW=hw_, NF4_LUT=launcher.geometry.nf4_lut, SILU=silu, SIG=sig,
-        FMA=fma, enable_fp_fusion=False, **tile, **la.options,
+        FMA=fma, enable_fp_fusion=False, PAIRED=bool(tile) and backward_pairs(spec.name), **tile, **la.options,
         **fused_maxnreg("silu_mul_backward", spec, tile, dh.device)))

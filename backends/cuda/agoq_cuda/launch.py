@@ -21,8 +21,9 @@ from agoq_triton_kernels.launch import Launch, Launcher, is_interpreted, vec16_a
 from agoq_triton_kernels.layout import next_pow2
 
 __all__ = ["Geometry", "geometry", "CudaGeometry", "VEC16_DEFAULTS", "MAXNREG", "NORM_PREFETCH", "NORM_PREFETCH_WORDS",
-           "norm_prefetch_words", "norm_prefetch", "has_max_u16x2", "NORM_PROGRAMS_PER_SM", "norm_programs", "sm_count",
-           "PARTIALS_ROWS", "PARTIALS_PROGRAMS_PER_SM", "words_unreplicated",
+           "norm_prefetch_words", "norm_prefetch", "BACKWARD_PAIRED_ROUNDING", "backward_pairs", "has_max_u16x2",
+           "NORM_PROGRAMS_PER_SM", "norm_programs", "sm_count", "PARTIALS_ROWS", "PARTIALS_PROGRAMS_PER_SM",
+           "words_unreplicated",
            "parse_vec16", "parse_maxnreg", "LAUNCHER", "quantize", "dequantize", "accumulate", "reduce_requantize",
            "is_interpreted"]
 
@@ -329,6 +330,21 @@ def norm_prefetch_words(name: str) -> bool:
     ``auto`` / unset: :data:`NORM_PREFETCH_WORDS`. For timing the words loop against the int16 view on a GPU
     (gpu_session's ``norm-words-ab``); the bits never change."""
     return name in _parse_prefetch_words(os.environ.get("AGOQ_CUDA_NORM_PREFETCH_WORDS", ""))
+
+
+#: Formats whose fused SiLU&Mul backward on the 16-lane tile rounds the decoded gate and up to bf16 a pair per
+#: cvt.rn.bf16x2 (fused_swiglu._round_pair, the instruction the fused norm's GPU tests checked on an H100). sm_90 SASS,
+#: loop per element and registers (codec_isa, twenty-third session), unpaired -> paired: nf4 (LAAQ's default) 37.56
+#: (72) -> 36.94 (64). Not the others, whose registers grow: int4 38.62 (64) -> 36.81 (72), int8 34.31 (56) -> 33.25
+#: (64), fp4_e2m1 / mxfp4 41.31 (64) -> 39.12 (72). Not timed on a GPU yet. AGOQ_CUDA_PACKED_MAX=0 turns it off with
+#: the other paired forms.
+BACKWARD_PAIRED_ROUNDING: frozenset[str] = frozenset({"nf4"})
+
+
+def backward_pairs(name: str) -> bool:
+    """Whether the 16-lane SiLU&Mul backward of the format ``name`` pairs its roundings (BACKWARD_PAIRED_ROUNDING,
+    unless AGOQ_CUDA_PACKED_MAX=0)."""
+    return name in BACKWARD_PAIRED_ROUNDING and LAUNCHER.geometry.packed_max
 
 
 #: Persistent programs per SM of the fused RMSNorm + quantize, per (format, 16-lane tile); the rest take
