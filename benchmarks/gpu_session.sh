@@ -3,7 +3,7 @@
 #   bash benchmarks/gpu_session.sh STAGE[:SECONDS] ...
 # Stages: conformance, laaq, quangrad, laaq-fusion, fusion, codecs, torchtitan, equal-memory, equal-memory-m,
 # layer-profile-64k, layer-profile-qc32k, policy-80, longest, laaq-16k, layer-profile-fp8, float8-m, float8-80, float8-ce, liger, layer-profile-fp8-64k, float8-80-64k, float8-64k, cells, integrations, grad-error, mx-probe, fusion-elementwise, train-split, kernel-tests, host,
-# dequant-tiles, norm-fusion, train-split-c, train-profile, train-profile-c, layer-host, train-alone, ab-codecs, maxnreg, layer-profile, ncu-norm,
+# dequant-tiles, norm-fusion, train-split-c, train-profile, train-profile-c, layer-host, train-alone, ab-codecs, swiglu-ab, maxnreg, layer-profile, ncu-norm,
 # norm-prefetch16, absmax, qg-profile, nvfp4-norm-probe, layer-profile-128k, packed-ab, norm-words-ab. Runs the repo in place via PYTHONPATH (the GPU machine has torch + triton preinstalled and no network).
 set -u
 source "$(dirname "$0")/gpu_env.sh"
@@ -139,7 +139,7 @@ for spec in "$@"; do
     grad-error)  cmd=(python3 benchmarks/bench_grad_error.py --budget-s $((secs - 40))) ;;  # LAAQ gradient error, 7B shapes
     mx-probe)    cmd=(python3 benchmarks/gpu_mx_reduce_probe.py) ;;
     # the GPU-only arithmetic (hardware fp8, flush-to-zero ops, the FMA quotient) checked bit for bit on the device
-    kernel-tests) cmd=(python3 -m pytest -q -n 16 -p no:cacheprovider backends/cuda/tests/test_kernels_bitexact.py backends/cuda/tests/test_vec16.py backends/cuda/tests/test_mx_kernels.py backends/cuda/tests/test_fast_launch.py backends/cuda/tests/test_vec16_choice.py backends/cuda/tests/test_fused_norm.py) ;;
+    kernel-tests) cmd=(python3 -m pytest -q -n 16 -p no:cacheprovider backends/cuda/tests/test_kernels_bitexact.py backends/cuda/tests/test_vec16.py backends/cuda/tests/test_mx_kernels.py backends/cuda/tests/test_fast_launch.py backends/cuda/tests/test_vec16_choice.py backends/cuda/tests/test_fused_norm.py backends/cuda/tests/test_fused_swiglu.py) ;;
     fusion-elementwise) cmd=(bash -c 'python3 benchmarks/bench_fusion_elementwise.py && python3 -m pytest -q -p no:cacheprovider conformance_tests -k fused_elementwise --agoq-backend cuda | tail -3') ;;
     # agoq train on llama-1b, 2K x 4, 40 steps: baseline vs agoq vs each half (docs/benchmarks.md §9); AGOQ_FUSION from the caller
     # the same, every arm's decoder layers compiled with Inductor (agoq train --compile; issue 17's end-to-end goal)
@@ -169,6 +169,11 @@ for spec in "$@"; do
                  AGOQ_CUDA_PACKED_MAX=$v python3 benchmarks/bench_codecs.py --formats ${AB_FORMATS:-nf4 fp4_e2m1 mxfp4 int8} \
                    ${AB_ARGS:---sizes-mib 1024 --no-sweep --bucket-log2 0 --compile-formats --deadline-s $(( (secs - 20) / 4 ))} \
                    --json "$OUT/packed_${i}_$v.json" | grep -E "^quantize |rmsnorm|copy of|bit-exact" | cut -c1-160; done') ;;
+    # the fused SiLU&Mul kernels on both tiles with the paired forms (AGOQ_CUDA_PACKED_MAX: nf4's paired backward
+    # rounding, launch.BACKWARD_PAIRED_ROUNDING) off / on / off / on, AB_FORMATS (default nf4), each run bit-checked (~2 min)
+    swiglu-ab) cmd=(bash -c 'i=0; for v in 0 1 0 1; do i=$((i+1)); echo "== $i: AGOQ_CUDA_PACKED_MAX=$v"
+                 AGOQ_CUDA_PACKED_MAX=$v python3 benchmarks/bench_swiglu_tiles.py --formats ${AB_FORMATS:-nf4} ${AB_ARGS:-} \
+                   --json "$OUT/swiglu_${i}_$v.json" | tail -12; done') ;;
     # int4's prefetching fused norm on the 16-lane tile holding the next row as bf16 words (73 registers; 64 capped,
     # no spill) against the int16 view (64), AGOQ_CUDA_PACKED_MAX=1, interleaved twice (~2 min; twenty-third session)
     norm-words-ab) cmd=(bash -c 'i=0; for w in none int4 none int4; do i=$((i+1)); echo "== $i: AGOQ_CUDA_NORM_PREFETCH_WORDS=$w"
