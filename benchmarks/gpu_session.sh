@@ -169,8 +169,9 @@ for spec in "$@"; do
                  AGOQ_CUDA_PACKED_MAX=$v python3 benchmarks/bench_codecs.py --formats ${AB_FORMATS:-nf4 fp4_e2m1 mxfp4 int8} \
                    ${AB_ARGS:---sizes-mib 1024 --no-sweep --bucket-log2 0 --compile-formats --deadline-s $(( (secs - 20) / 4 ))} \
                    --json "$OUT/packed_${i}_$v.json" | grep -E "^quantize |rmsnorm|copy of|bit-exact" | cut -c1-160; done') ;;
-    # the fused SiLU&Mul kernels on both tiles with the paired forms (AGOQ_CUDA_PACKED_MAX: nf4's paired backward
-    # rounding, launch.BACKWARD_PAIRED_ROUNDING) off / on / off / on, AB_FORMATS (default nf4), each run bit-checked (~2 min)
+    # the fused SiLU&Mul kernels on both tiles with the packed forms (AGOQ_CUDA_PACKED_MAX: the forward's MAX16, and
+    # the backward's paired rounding where AGOQ_CUDA_BACKWARD_PAIRED names the format) off / on / off / on, AB_FORMATS
+    # (default nf4), each run bit-checked (~40 s on an H100)
     swiglu-ab) cmd=(bash -c 'i=0; for v in 0 1 0 1; do i=$((i+1)); echo "== $i: AGOQ_CUDA_PACKED_MAX=$v"
                  AGOQ_CUDA_PACKED_MAX=$v python3 benchmarks/bench_swiglu_tiles.py --formats ${AB_FORMATS:-nf4} ${AB_ARGS:-} \
                    --json "$OUT/swiglu_${i}_$v.json" | tail -12; done') ;;

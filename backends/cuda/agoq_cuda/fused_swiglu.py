@@ -101,9 +101,9 @@ def _round_pair(a, b, FLOAT: tl.constexpr, HW: tl.constexpr, PAIRED: tl.constexp
     """_round of two same-shaped tensors (a 16-lane tile's halves). PAIRED (bf16): both rounded into one word per
     pair (HW: one cvt.rn.bf16x2; else the integer RNE), then widened back as the word loads widen (even: << 16,
     odd: the upper half): the same bits as _round's. Used where sm_90 SASS showed a gain (codec_isa): the fused
-    norm where its tile read x as words (0.5 fewer per element; on the int16 view ptxas does worse) and the 16-lane
-    SiLU&Mul backward of launch.BACKWARD_PAIRED_ROUNDING; not the SiLU&Mul forward (0.25-1.4 fewer, but 56-64 ->
-    72-80 registers)."""
+    norm where its tile read x as words (0.5 fewer per element; on the int16 view ptxas does worse). The 16-lane
+    SiLU&Mul backward pairs only where AGOQ_CUDA_BACKWARD_PAIRED asks (launch.backward_pairs: fewer instructions,
+    but slower on the H100); not the SiLU&Mul forward (0.25-1.4 fewer, but 56-64 -> 72-80 registers)."""
     if PAIRED and FLOAT == 1:
         if HW:
             d = _cvt_bf16x2(a, b)

@@ -309,19 +309,25 @@ NORM_PREFETCH_WORDS: frozenset[str] = frozenset({"nf4", "fp4_e2m1", "mxfp4", "in
 
 
 @functools.cache
-def _parse_prefetch_words(text: str) -> frozenset[str]:
+def _parse_format_set(text: str, default: frozenset[str], var: str) -> frozenset[str]:
+    """The formats an environment variable ``var`` names: ``auto`` / unset gives ``default``, ``none`` the empty
+    set, else a comma-separated list of registered format names (an unknown one is a ValueError)."""
     text = text.strip().lower()
     if text in ("", "auto", "default"):
-        return NORM_PREFETCH_WORDS
+        return default
     if text in ("none", "0", "off"):
         return frozenset()
     from agoq_core.formats import list_formats
     known = {s.name for s in list_formats(microscaling=True)}
     names = frozenset(filter(None, (t.strip() for t in text.split(","))))
     if not names <= known:
-        raise ValueError(f"AGOQ_CUDA_NORM_PREFETCH_WORDS: unknown format(s) {sorted(names - known)}; want auto, none "
+        raise ValueError(f"{var}: unknown format(s) {sorted(names - known)}; want auto, none "
                          f"or a comma-separated list of {sorted(known)}")
     return names
+
+
+def _parse_prefetch_words(text: str) -> frozenset[str]:
+    return _parse_format_set(text, NORM_PREFETCH_WORDS, "AGOQ_CUDA_NORM_PREFETCH_WORDS")
 
 
 def norm_prefetch_words(name: str) -> bool:
@@ -333,18 +339,22 @@ def norm_prefetch_words(name: str) -> bool:
 
 
 #: Formats whose fused SiLU&Mul backward on the 16-lane tile rounds the decoded gate and up to bf16 a pair per
-#: cvt.rn.bf16x2 (fused_swiglu._round_pair, the instruction the fused norm's GPU tests checked on an H100). sm_90 SASS,
-#: loop per element and registers (codec_isa, twenty-third session), unpaired -> paired: nf4 (LAAQ's default) 37.56
-#: (72) -> 36.94 (64). Not the others, whose registers grow: int4 38.62 (64) -> 36.81 (72), int8 34.31 (56) -> 33.25
-#: (64), fp4_e2m1 / mxfp4 41.31 (64) -> 39.12 (72). Not timed on a GPU yet. AGOQ_CUDA_PACKED_MAX=0 turns it off with
-#: the other paired forms.
-BACKWARD_PAIRED_ROUNDING: frozenset[str] = frozenset({"nf4"})
+#: cvt.rn.bf16x2 (fused_swiglu._round_pair) by default: none. sm_90 SASS, loop per element and registers (codec_isa,
+#: twenty-third session), unpaired -> paired: nf4 37.56 (72) -> 36.94 (64), int4 38.62 (64) -> 36.81 (72), int8 34.31
+#: (56) -> 33.25 (64), fp4_e2m1 / mxfp4 41.31 (64) -> 39.12 (72). Fewer instructions, but slower where timed: nf4 on an
+#: H100 (2026-12-08, gpu_session's swiglu-ab, interleaved twice, bit-identical) 0.324-0.326 -> 0.335-0.336 ms at
+#: [8192, 8192] and 0.223-0.224 -> 0.230-0.232 ms at [4096, 11008], so it stays off; AGOQ_CUDA_BACKWARD_PAIRED (a list
+#: of formats) turns it on for timing.
+BACKWARD_PAIRED_ROUNDING: frozenset[str] = frozenset()
 
 
 def backward_pairs(name: str) -> bool:
-    """Whether the 16-lane SiLU&Mul backward of the format ``name`` pairs its roundings (BACKWARD_PAIRED_ROUNDING,
-    unless AGOQ_CUDA_PACKED_MAX=0)."""
-    return name in BACKWARD_PAIRED_ROUNDING and LAUNCHER.geometry.packed_max
+    """Whether the 16-lane SiLU&Mul backward of the format ``name`` pairs its roundings: AGOQ_CUDA_BACKWARD_PAIRED, a
+    comma-separated list of formats or ``none``; ``auto`` / unset: :data:`BACKWARD_PAIRED_ROUNDING`. Never with
+    AGOQ_CUDA_PACKED_MAX=0. The bits never change."""
+    return (name in _parse_format_set(os.environ.get("AGOQ_CUDA_BACKWARD_PAIRED", ""), BACKWARD_PAIRED_ROUNDING,
+                                      "AGOQ_CUDA_BACKWARD_PAIRED")
+            and LAUNCHER.geometry.packed_max)
 
 
 #: Persistent programs per SM of the fused RMSNorm + quantize, per (format, 16-lane tile); the rest take

@@ -50,11 +50,18 @@ def test_silu_every_16_bit_input(dtype, device):
         assert ("exp" in matching) == (dtype == torch.bfloat16) and "table" in matching
 
 
-@pytest.mark.parametrize("fmt", ["nf4", "int4", "fp4_e2m1", "int5", "int6", "fp8_e4m3", "mxfp4", "mxfp8"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("vec16", [False, True], ids=["generic", "vec16"])
-def test_forward_and_backward_match_unfused(fmt, dtype, vec16, device):
-    """Both tiles (the generic one and the codec kernels' 16-lane tile), every variant the device offers."""
+_FORMATS = ["nf4", "int4", "fp4_e2m1", "int5", "int6", "fp8_e4m3", "mxfp4", "mxfp8"]
+
+
+@pytest.mark.parametrize("fmt,dtype,vec16", [
+    *[(f, d, t) for t in (False, True) for d in (torch.bfloat16, torch.float16) for f in _FORMATS],
+    *[(f, torch.bfloat16, "paired") for f in ("nf4", "int4", "mxfp4")]])
+def test_forward_and_backward_match_unfused(fmt, dtype, vec16, device, monkeypatch):
+    """Both tiles (the generic one and the codec kernels' 16-lane tile), every variant the device offers;
+    ``paired``: the 16-lane backward with its bf16 roundings paired (AGOQ_CUDA_BACKWARD_PAIRED, off by default)."""
+    if vec16 == "paired":
+        monkeypatch.setenv("AGOQ_CUDA_BACKWARD_PAIRED", fmt)
+        vec16 = True
     spec = get_format(fmt)
     gen = torch.Generator().manual_seed(3)
     rows, cols = 6, 256

@@ -74,30 +74,38 @@ def test_norm_prefetch_words_env(monkeypatch):
         norm_prefetch_words("int4")
 
 
-def test_backward_pairs_its_roundings_for_the_table_only(monkeypatch):
+def test_backward_pairs_its_roundings_where_asked(monkeypatch, device):
     """The 16-lane SiLU&Mul backward pairs its bf16 roundings (fused_swiglu._round_pair) for the formats of
-    BACKWARD_PAIRED_ROUNDING, where sm_90 SASS showed fewer instructions without more registers, and nowhere with
+    AGOQ_CUDA_BACKWARD_PAIRED (default BACKWARD_PAIRED_ROUNDING: none, slower on the H100), and nowhere with
     AGOQ_CUDA_PACKED_MAX=0; the launch passes PAIRED on the 16-lane tile only."""
     import agoq_cuda.fused_swiglu as fs
     from agoq_cuda import launch
 
-    assert launch.BACKWARD_PAIRED_ROUNDING == {"nf4"}
+    assert launch.BACKWARD_PAIRED_ROUNDING == frozenset()
+    assert not launch.backward_pairs("nf4")
+    monkeypatch.setenv("AGOQ_CUDA_BACKWARD_PAIRED", "nf4")
     assert launch.backward_pairs("nf4") and not launch.backward_pairs("int4")
     seen = []
     real = fs.LAUNCHER.launch
     monkeypatch.setattr(fs.LAUNCHER, "launch", lambda k, g, a, c: (seen.append((c.get("VEC16", False), c["PAIRED"])),
                                                                    real(k, g, a, c)))
-    dh = torch.randn(2, 256).to(torch.bfloat16)
+    dh = torch.randn(2, 256).to(torch.bfloat16).to(device)
     for fmt in ("nf4", "int4"):
         spec = get_format(fmt)
-        codes = [torch.zeros(spec.code_bytes(dh.numel()), dtype=torch.uint8) for _ in range(2)]
-        scales = [torch.ones(spec.num_blocks(dh.numel())) for _ in range(2)]
+        codes = [torch.zeros(spec.code_bytes(dh.numel()), dtype=torch.uint8, device=device) for _ in range(2)]
+        scales = [torch.ones(spec.num_blocks(dh.numel()), device=device) for _ in range(2)]
         for vec16 in (True, False):
             fs.silu_mul_backward_into(dh, codes[0], scales[0], codes[1], scales[1], spec,
                                       *[torch.empty_like(dh) for _ in range(3)], vec16=vec16)
     assert seen == [(True, True), (False, False), (True, False), (False, False)]
     monkeypatch.setattr(fs.LAUNCHER.geometry, "packed_max", False)
     assert not launch.backward_pairs("nf4")
+    monkeypatch.setattr(fs.LAUNCHER.geometry, "packed_max", True)
+    monkeypatch.setenv("AGOQ_CUDA_BACKWARD_PAIRED", "none")
+    assert not launch.backward_pairs("nf4")
+    monkeypatch.setenv("AGOQ_CUDA_BACKWARD_PAIRED", "nf4,nf7")
+    with pytest.raises(ValueError, match="AGOQ_CUDA_BACKWARD_PAIRED.*nf7"):
+        launch.backward_pairs("nf4")
 
 
 def _vec16(geo, op, fmt):
