@@ -308,10 +308,15 @@ NORM_PREFETCH: dict[bool, frozenset[str]] = {
 NORM_PREFETCH_WORDS: frozenset[str] = frozenset({"nf4", "fp4_e2m1", "mxfp4", "int4"})
 
 
+def _env_formats(var: str, default: frozenset[str]) -> frozenset[str]:
+    """The formats the environment variable ``var`` names: ``auto`` / unset gives ``default``, ``none`` the empty
+    set, else a comma-separated list of registered format names (an unknown one is a ValueError). Read at each call
+    (the parse is cached), so a test or a timing run may change it between launches."""
+    return _parse_format_set(os.environ.get(var, ""), default, var)
+
+
 @functools.cache
 def _parse_format_set(text: str, default: frozenset[str], var: str) -> frozenset[str]:
-    """The formats an environment variable ``var`` names: ``auto`` / unset gives ``default``, ``none`` the empty
-    set, else a comma-separated list of registered format names (an unknown one is a ValueError)."""
     text = text.strip().lower()
     if text in ("", "auto", "default"):
         return default
@@ -326,16 +331,12 @@ def _parse_format_set(text: str, default: frozenset[str], var: str) -> frozenset
     return names
 
 
-def _parse_prefetch_words(text: str) -> frozenset[str]:
-    return _parse_format_set(text, NORM_PREFETCH_WORDS, "AGOQ_CUDA_NORM_PREFETCH_WORDS")
-
-
 def norm_prefetch_words(name: str) -> bool:
     """Whether the prefetching fused norm on the 16-lane tile holds the next row as bf16 words for the format
     ``name`` (where MAX16 is on): AGOQ_CUDA_NORM_PREFETCH_WORDS, a comma-separated list of formats or ``none``;
     ``auto`` / unset: :data:`NORM_PREFETCH_WORDS`. For timing the words loop against the int16 view on a GPU
     (gpu_session's ``norm-words-ab``); the bits never change."""
-    return name in _parse_prefetch_words(os.environ.get("AGOQ_CUDA_NORM_PREFETCH_WORDS", ""))
+    return name in _env_formats("AGOQ_CUDA_NORM_PREFETCH_WORDS", NORM_PREFETCH_WORDS)
 
 
 #: Formats whose fused SiLU&Mul backward on the 16-lane tile rounds the decoded gate and up to bf16 a pair per
@@ -352,9 +353,7 @@ def backward_pairs(name: str) -> bool:
     """Whether the 16-lane SiLU&Mul backward of the format ``name`` pairs its roundings: AGOQ_CUDA_BACKWARD_PAIRED, a
     comma-separated list of formats or ``none``; ``auto`` / unset: :data:`BACKWARD_PAIRED_ROUNDING`. Never with
     AGOQ_CUDA_PACKED_MAX=0. The bits never change."""
-    return (name in _parse_format_set(os.environ.get("AGOQ_CUDA_BACKWARD_PAIRED", ""), BACKWARD_PAIRED_ROUNDING,
-                                      "AGOQ_CUDA_BACKWARD_PAIRED")
-            and LAUNCHER.geometry.packed_max)
+    return name in _env_formats("AGOQ_CUDA_BACKWARD_PAIRED", BACKWARD_PAIRED_ROUNDING) and LAUNCHER.geometry.packed_max
 
 
 #: Persistent programs per SM of the fused RMSNorm + quantize, per (format, 16-lane tile); the rest take
@@ -385,17 +384,19 @@ _TILES = {"generic": (False,), "vec16": (True,), "*": (False, True)}
 
 
 @functools.cache
-def parse_maxnreg(text: str | None) -> Mapping[tuple[str, str, bool], int]:
+def parse_maxnreg(text: str | None, table: bool = True) -> Mapping[tuple[str, str, bool], int]:
     """AGOQ_CUDA_MAXNREG: the register caps in force. ``auto`` (default): :data:`MAXNREG`; ``0`` / ``off``: none;
     or comma-separated rules ``OP:FORMAT[:TILE]=N`` on top of the table (TILE: ``generic``, ``vec16`` or ``*``,
     the default; N = 0 removes a cap), e.g. ``rmsnorm_quant:fp4_e2m1=0`` or ``silu_mul_backward:nf4:vec16=64``.
-    For timing a cap against none on a GPU (benchmarks/bench_maxnreg.py); the bits never change. Read-only."""
+    ``table=False``: the rules on top of no table (only the caps the text sets). For timing a cap against none on a
+    GPU (benchmarks/bench_maxnreg.py); the bits never change. Read-only."""
+    base = MAXNREG if table else {}
     text = (text or "auto").strip().lower()
     if text in ("auto", ""):
-        return MappingProxyType(dict(MAXNREG))
+        return MappingProxyType(dict(base))
     if text in ("0", "off", "none"):
         return MappingProxyType({})
-    caps = dict(MAXNREG)
+    caps = dict(base)
     for part in filter(None, (p.strip() for p in text.split(","))):
         what, sep, val = part.partition("=")
         keys = [k.strip() for k in what.split(":")]
@@ -420,10 +421,7 @@ def fused_maxnreg(op: str, spec, tile: dict, device, *, table: bool = True) -> d
     sets itself, not one it keeps from MAXNREG."""
     if device.type == "cpu":
         return {}
-    key = (op, spec.name, bool(tile))
-    cap = parse_maxnreg(os.environ.get("AGOQ_CUDA_MAXNREG")).get(key)
-    if not table and cap == MAXNREG.get(key):
-        cap = None
+    cap = parse_maxnreg(os.environ.get("AGOQ_CUDA_MAXNREG"), table).get((op, spec.name, bool(tile)))
     return {"maxnreg": cap} if cap else {}
 
 

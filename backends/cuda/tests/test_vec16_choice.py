@@ -48,6 +48,9 @@ def test_register_caps_env(monkeypatch):
     assert fused_maxnreg(op, get_format(fmt), tile, gpu, table=False) == {}  # a prefetching norm: not the table's
     monkeypatch.setenv("AGOQ_CUDA_MAXNREG", f"{op}:{fmt}={cap + 8}")
     assert fused_maxnreg(op, get_format(fmt), tile, gpu, table=False) == {"maxnreg": cap + 8}  # but one asked for
+    monkeypatch.setenv("AGOQ_CUDA_MAXNREG", f"{op}:{fmt}={cap}")
+    assert fused_maxnreg(op, get_format(fmt), tile, gpu, table=False) == {"maxnreg": cap}  # even the table's value
+    assert parse_maxnreg(f"{op}:{fmt}={cap}", False) == {(op, fmt, t): cap for t in (False, True)}
     monkeypatch.setenv("AGOQ_CUDA_MAXNREG", "off")
     assert fused_maxnreg(op, get_format(fmt), tile, gpu) == {}
     monkeypatch.setenv("AGOQ_CUDA_MAXNREG", "silu_mul_backward:nf4:vec16=64")
@@ -60,7 +63,7 @@ def test_register_caps_env(monkeypatch):
 def test_norm_prefetch_words_env(monkeypatch):
     """AGOQ_CUDA_NORM_PREFETCH_WORDS: NORM_PREFETCH_WORDS by default, a list of formats, none; a name that is not a
     format is an error, not a silent no-op."""
-    from agoq_cuda.launch import NORM_PREFETCH_WORDS, _parse_prefetch_words, norm_prefetch_words
+    from agoq_cuda.launch import NORM_PREFETCH_WORDS, _parse_format_set, norm_prefetch_words
 
     assert NORM_PREFETCH_WORDS and all(norm_prefetch_words(f) for f in NORM_PREFETCH_WORDS)
     assert not norm_prefetch_words("int8")  # int8 does not prefetch (NORM_PREFETCH)
@@ -68,7 +71,8 @@ def test_norm_prefetch_words_env(monkeypatch):
     assert norm_prefetch_words("int8") and norm_prefetch_words("nf4") and not norm_prefetch_words("mxfp4")
     monkeypatch.setenv("AGOQ_CUDA_NORM_PREFETCH_WORDS", "none")
     assert not any(norm_prefetch_words(f) for f in NORM_PREFETCH_WORDS)
-    assert _parse_prefetch_words("auto") == _parse_prefetch_words("") == NORM_PREFETCH_WORDS
+    assert (_parse_format_set("auto", NORM_PREFETCH_WORDS, "AGOQ_CUDA_NORM_PREFETCH_WORDS")
+            == _parse_format_set("", NORM_PREFETCH_WORDS, "AGOQ_CUDA_NORM_PREFETCH_WORDS") == NORM_PREFETCH_WORDS)
     monkeypatch.setenv("AGOQ_CUDA_NORM_PREFETCH_WORDS", "int4,nf5")
     with pytest.raises(ValueError, match="AGOQ_CUDA_NORM_PREFETCH_WORDS.*nf5"):
         norm_prefetch_words("int4")
